@@ -1,0 +1,28 @@
+/* common.h: what every storprototrace program starts with. */
+#include <uapi/linux/ptrace.h>
+#include <linux/sched.h>
+
+/* Events go through the BPF ring buffer where the kernel has one (5.8+),
+ * else through a perf buffer. A failed submit is counted, never silent. */
+#define USE_RINGBUF {{USE_RINGBUF}}
+#if USE_RINGBUF
+BPF_RINGBUF_OUTPUT(events, 256);
+#define SUBMIT_EVENT(ctx, ev) events.ringbuf_output((ev), sizeof(*(ev)), 0)
+#else
+BPF_PERF_OUTPUT(events);
+#define SUBMIT_EVENT(ctx, ev) events.perf_submit((ctx), (ev), sizeof(*(ev)))
+#endif
+
+/* counters[i]: see src/maps.rs (Counter) for the meaning of each slot. */
+#define CTR_LOST 0
+#define CTR_ENDED_NO_RESPONSE 1
+#define CTR_DISPATCH_BUSY 2
+#define CTR_INFLIGHT_FULL 3
+BPF_ARRAY(counters, u64, 8);
+
+static __always_inline void count(int slot)
+{
+    u64 *v = counters.lookup(&slot);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+}

@@ -1,0 +1,51 @@
+/* isclatency.c: one event per iSCSI command of MIN_US or more. */
+#define MIN_NS ({{MIN_US}} * 1000ULL)
+
+struct event {
+    u64 ts_queue;
+    u64 wait;
+    u64 send;
+    u64 resp;
+    u64 total;
+    u64 lun;
+    u32 host;
+    u32 channel;
+    u32 id;
+    u32 sid;
+    u32 cid;
+    u32 pid;
+    u32 bytes;
+    u32 r2t;
+    s32 result;
+    u8 dir;
+    u8 opcode;
+    char comm[TASK_COMM_LEN];
+};
+
+static __always_inline void on_command_done(struct pt_regs *ctx,
+        struct inflight *f, struct stage_times *t, int result)
+{
+    if (t->total < MIN_NS)
+        return;
+    struct event e = {};
+    e.ts_queue = f->ts_queue;
+    e.wait = t->wait;
+    e.send = t->send;
+    e.resp = t->resp;
+    e.total = t->total;
+    e.lun = f->lun;
+    e.host = f->host;
+    e.channel = f->channel;
+    e.id = f->id;
+    e.sid = f->sid;
+    e.cid = f->cid;
+    e.pid = f->pid;
+    e.bytes = f->bytes;
+    e.r2t = f->r2t;
+    e.result = result;
+    e.dir = f->dir;
+    e.opcode = f->opcode;
+    __builtin_memcpy(&e.comm, f->comm, sizeof(e.comm));
+    if (SUBMIT_EVENT(ctx, &e) != 0)
+        count(CTR_LOST);
+}

@@ -1,0 +1,242 @@
+/* iscsi_stages.c: per-command timing of the iSCSI initiator, shared by
+ * isclatency and iscstat. Keyed by the SCSI command (struct scsi_cmnd *),
+ * never per connection, so any number of commands in flight are timed.
+ *
+ *   t_queue  kprobe iscsi_queuecommand         the command enters libiscsi
+ *   t_prep   kprobe iscsi_prep_scsi_cmd_pdu    the xmit worker takes it, CmdSN given
+ *   t_sent   kretprobe iscsi_tcp_task_xmit==0  command PDU (+immediate and
+ *                                              unsolicited data) handed to TCP
+ *   t_done   kprobe iscsi_complete_task(COMPLETED) the response completes it
+ *
+ * WAIT = t_prep - t_queue, SEND = t_sent - t_prep, RESP = t_done - t_sent.
+ * A command that ends any other way (abort, session recovery, never sent)
+ * is dropped from the map and counted, never timed. */
+#include <scsi/scsi_cmnd.h>
+#include <scsi/scsi_device.h>
+#include <scsi/scsi_host.h>
+#include <scsi/libiscsi.h>
+#include <scsi/scsi_transport_iscsi.h>
+
+#define FILTER_HOST {{FILTER_HOST}}
+#define FILTER_DEV {{FILTER_DEV}}
+#define FILTER_LUN {{FILTER_LUN}}
+#define FILTER_LUN_VALUE {{LUN}}
+#define FILTER_CID {{FILTER_CID}}
+#define FILTER_CID_VALUE {{CID}}
+#define FILTER_PID {{FILTER_PID}}
+#define FILTER_PID_VALUE {{PID}}
+/* 0: all, 1: reads only, 2: writes only */
+#define FILTER_DIR {{FILTER_DIR}}
+#define HAVE_SENT {{HAVE_SENT}}
+
+/* From a scsi_cmnd to its iscsi_task: sc->SCp.ptr before 5.18, the
+ * command's private data (struct iscsi_cmd) after. Chosen from the headers. */
+#define SC_TASK_SCP(sc) (&(sc)->SCp.ptr)
+#define SC_TASK_PRIV(sc) (&((struct iscsi_cmd *)((sc) + 1))->task)
+#define SC_TASK_ADDR(sc) {{TASK_FROM_SC}}(sc)
+
+#define DIR_OTHER 0
+#define DIR_READ 1
+#define DIR_WRITE 2
+
+struct inflight {
+    u64 ts_queue;
+    u64 ts_prep;
+    u64 ts_sent;
+    u64 lun;
+    u32 host;
+    u32 channel;
+    u32 id;
+    u32 pid;
+    u32 sid;
+    u32 cid;
+    u32 bytes;
+    u32 r2t;
+    u8 dir;
+    u8 opcode;
+    char comm[TASK_COMM_LEN];
+};
+
+struct stage_times {
+    u64 wait;
+    u64 send;
+    u64 resp;
+    u64 total;
+};
+
+BPF_HASH(inflight, u64, struct inflight, 16384);
+BPF_HASH(queuecommand_arg, u64, u64, 4096);
+BPF_HASH(xmit_arg, u64, u64, 4096);
+/* Sets filled from user space: SCSI hosts (sessions), and host<<32|lun. */
+BPF_HASH(host_filter, u32, u8, 1024);
+BPF_HASH(dev_filter, u64, u8, 1024);
+
+/* Defined by the tool's template: what to do with a timed command. */
+static __always_inline void on_command_done(struct pt_regs *ctx,
+        struct inflight *f, struct stage_times *t, int result);
+
+int stages_queuecommand(struct pt_regs *ctx, struct Scsi_Host *shost,
+                        struct scsi_cmnd *sc)
+{
+    struct inflight f = {};
+    struct scsi_device *sdev = sc->device;
+    u64 key = (u64)sc;
+    u64 id = bpf_get_current_pid_tgid();
+    int ddir = sc->sc_data_direction;
+
+    f.host = shost->host_no;
+    f.channel = sdev->channel;
+    f.id = sdev->id;
+    f.lun = sdev->lun;
+    f.dir = ddir == DMA_FROM_DEVICE ? DIR_READ : (ddir == DMA_TO_DEVICE ? DIR_WRITE : DIR_OTHER);
+    f.pid = id >> 32;
+
+    if (FILTER_HOST && !host_filter.lookup(&f.host))
+        return 0;
+    if (FILTER_LUN && f.lun != FILTER_LUN_VALUE)
+        return 0;
+    if (FILTER_DEV) {
+        u64 dev = ((u64)f.host << 32) | (u32)f.lun;
+        if (!dev_filter.lookup(&dev))
+            return 0;
+    }
+    if (FILTER_DIR == 1 && f.dir != DIR_READ)
+        return 0;
+    if (FILTER_DIR == 2 && f.dir != DIR_WRITE)
+        return 0;
+    if (FILTER_PID && f.pid != FILTER_PID_VALUE)
+        return 0;
+
+    f.bytes = sc->sdb.length;
+    f.opcode = sc->cmnd[0];
+    bpf_get_current_comm(&f.comm, sizeof(f.comm));
+    f.ts_queue = bpf_ktime_get_ns();
+    if (inflight.update(&key, &f) != 0) {
+        count(CTR_INFLIGHT_FULL);
+        return 0;
+    }
+    queuecommand_arg.update(&id, &key);
+    return 0;
+}
+
+int stages_queuecommand_ret(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 *keyp = queuecommand_arg.lookup(&id);
+    if (!keyp)
+        return 0;
+    u64 key = *keyp;
+    queuecommand_arg.delete(&id);
+    struct inflight *f = inflight.lookup(&key);
+    if (!f)
+        return 0;
+    int ret = PT_REGS_RC(ctx);
+    if (ret != 0) {
+        /* busy: the SCSI midlayer dispatches it again later */
+        inflight.delete(&key);
+        count(CTR_DISPATCH_BUSY);
+        return 0;
+    }
+    if (f->ts_prep == 0) {
+        /* Completed inline without a task (e.g. session not logged in):
+         * libiscsi never made a task for it. */
+        struct scsi_cmnd *sc = (struct scsi_cmnd *)key;
+        u64 task = 0;
+        bpf_probe_read_kernel(&task, sizeof(task), (void *)SC_TASK_ADDR(sc));
+        if (task == 0) {
+            inflight.delete(&key);
+            count(CTR_ENDED_NO_RESPONSE);
+        }
+    }
+    return 0;
+}
+
+int stages_prep(struct pt_regs *ctx, struct iscsi_task *task)
+{
+    u64 key = (u64)task->sc;
+    if (!key)
+        return 0;
+    struct inflight *f = inflight.lookup(&key);
+    if (!f)
+        return 0;
+    u32 cid = task->conn->cls_conn->cid;
+    if (FILTER_CID && cid != FILTER_CID_VALUE) {
+        inflight.delete(&key);
+        return 0;
+    }
+    f->cid = cid;
+    f->sid = task->conn->session->cls_session->sid;
+    f->ts_prep = bpf_ktime_get_ns();
+    return 0;
+}
+
+int stages_xmit(struct pt_regs *ctx, struct iscsi_task *task)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 key = (u64)task->sc;
+    if (key && inflight.lookup(&key))
+        xmit_arg.update(&id, &key);
+    return 0;
+}
+
+int stages_xmit_ret(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 *keyp = xmit_arg.lookup(&id);
+    if (!keyp)
+        return 0;
+    u64 key = *keyp;
+    xmit_arg.delete(&id);
+    if (PT_REGS_RC(ctx) != 0)
+        return 0;      /* not all sent yet (e.g. socket full): retried later */
+    struct inflight *f = inflight.lookup(&key);
+    if (f && f->ts_prep && f->ts_sent == 0)
+        f->ts_sent = bpf_ktime_get_ns();
+    return 0;
+}
+
+int stages_r2t(struct pt_regs *ctx, struct iscsi_task *task)
+{
+    u64 key = (u64)task->sc;
+    if (!key)
+        return 0;
+    struct inflight *f = inflight.lookup(&key);
+    if (f)
+        __sync_fetch_and_add(&f->r2t, 1);
+    return 0;
+}
+
+int stages_complete(struct pt_regs *ctx, struct iscsi_task *task, int state)
+{
+    u64 key = (u64)task->sc;
+    if (!key)
+        return 0;      /* management task (NOP-Out, TMF, login) */
+    struct inflight *f = inflight.lookup(&key);
+    if (!f)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    int task_state = task->state;
+    if (state != ISCSI_TASK_COMPLETED || f->ts_prep == 0 ||
+        task_state == ISCSI_TASK_PENDING) {
+        /* aborted, failed by session recovery, or never sent */
+        inflight.delete(&key);
+        count(CTR_ENDED_NO_RESPONSE);
+        return 0;
+    }
+    struct stage_times t = {};
+    u64 prep = f->ts_prep < f->ts_queue ? f->ts_queue : f->ts_prep;
+    u64 sent = f->ts_sent;
+    if (!HAVE_SENT || sent == 0 || sent > now)
+        sent = now;    /* the response beat the send call's return */
+    if (sent < prep)
+        sent = prep;
+    if (now < f->ts_queue)
+        now = f->ts_queue;
+    t.wait = prep - f->ts_queue;
+    t.send = sent - prep;
+    t.resp = now - sent;
+    t.total = now - f->ts_queue;
+    on_command_done(ctx, f, &t, task->sc->result);
+    inflight.delete(&key);
+    return 0;
+}

@@ -1,0 +1,86 @@
+//! A minimal JSON object writer: one object per line, no dependency needed.
+
+#[derive(Debug, Default)]
+pub struct Object {
+    buf: String,
+}
+
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+impl Object {
+    pub fn new() -> Self {
+        Object { buf: String::from("{") }
+    }
+    fn key(&mut self, k: &str) {
+        if self.buf.len() > 1 {
+            self.buf.push(',');
+        }
+        self.buf.push('"');
+        self.buf.push_str(&escape(k));
+        self.buf.push_str("\":");
+    }
+    pub fn str(mut self, k: &str, v: &str) -> Self {
+        self.key(k);
+        self.buf.push('"');
+        self.buf.push_str(&escape(v));
+        self.buf.push('"');
+        self
+    }
+    pub fn opt_str(self, k: &str, v: Option<&str>) -> Self {
+        match v {
+            Some(s) => self.str(k, s),
+            None => self.null(k),
+        }
+    }
+    pub fn num<N: std::fmt::Display>(mut self, k: &str, v: N) -> Self {
+        self.key(k);
+        self.buf.push_str(&v.to_string());
+        self
+    }
+    pub fn opt_num<N: std::fmt::Display>(self, k: &str, v: Option<N>) -> Self {
+        match v {
+            Some(n) => self.num(k, n),
+            None => self.null(k),
+        }
+    }
+    pub fn bool(mut self, k: &str, v: bool) -> Self {
+        self.key(k);
+        self.buf.push_str(if v { "true" } else { "false" });
+        self
+    }
+    pub fn null(mut self, k: &str) -> Self {
+        self.key(k);
+        self.buf.push_str("null");
+        self
+    }
+    pub fn finish(mut self) -> String {
+        self.buf.push('}');
+        self.buf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn writes_escaped_object() {
+        let s = Object::new().str("comm", "a\"b\\c\n").num("ns", 12u64).opt_num::<u32>("r2t", None).bool("ok", true).finish();
+        assert_eq!(s, r#"{"comm":"a\"b\\c\n","ns":12,"r2t":null,"ok":true}"#);
+        assert_eq!(Object::new().finish(), "{}");
+        assert_eq!(escape("\u{1}"), "\\u0001");
+    }
+}

@@ -1,0 +1,228 @@
+//! What the running kernel offers: traceable functions, tracepoints, BTF,
+//! the BPF ring buffer, kernel headers, loaded iSCSI modules. Tools choose
+//! their attach points from this, never from a version number.
+
+use crate::error::{Error, Result};
+use std::collections::HashSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FunctionSource {
+    /// tracefs `available_filter_functions`: exactly what kprobes can attach to.
+    FilterFunctions,
+    /// `/proc/kallsyms` text symbols: a fallback when tracefs is not mounted.
+    Kallsyms,
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    pub release: String,
+    pub source: FunctionSource,
+    functions: HashSet<String>,
+    tracefs: Option<PathBuf>,
+    pub btf: bool,
+    pub ringbuf: bool,
+    /// Directory BCC takes headers from (has `include/`), if any.
+    pub headers: Option<PathBuf>,
+    pub headers_wanted: PathBuf,
+    pub kheaders: bool,
+}
+
+/// Where to look; `Paths::system()` for the running kernel, a fixture in tests.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub tracefs: Vec<PathBuf>,
+    pub kallsyms: PathBuf,
+    pub btf: PathBuf,
+    pub modules_root: PathBuf,
+    pub sys_module: PathBuf,
+    pub kheaders: PathBuf,
+    pub release: String,
+    /// BCC_KERNEL_SOURCE, honoured as BCC itself does.
+    pub headers_override: Option<PathBuf>,
+}
+
+impl Paths {
+    pub fn system() -> Paths {
+        Paths {
+            tracefs: vec!["/sys/kernel/tracing".into(), "/sys/kernel/debug/tracing".into()],
+            kallsyms: "/proc/kallsyms".into(),
+            btf: "/sys/kernel/btf/vmlinux".into(),
+            modules_root: "/lib/modules".into(),
+            sys_module: "/sys/module".into(),
+            kheaders: "/sys/kernel/kheaders.tar.xz".into(),
+            release: uname_release(),
+            headers_override: std::env::var_os("BCC_KERNEL_SOURCE").map(PathBuf::from),
+        }
+    }
+}
+
+pub fn uname_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+impl Kernel {
+    pub fn detect() -> Kernel {
+        Kernel::from_paths(&Paths::system())
+    }
+
+    pub fn from_paths(p: &Paths) -> Kernel {
+        let tracefs = p.tracefs.iter().find(|d| d.join("available_filter_functions").exists()).cloned();
+        let (source, functions) = match tracefs.as_ref().and_then(|d| fs::read_to_string(d.join("available_filter_functions")).ok()) {
+            Some(text) if !text.is_empty() => (FunctionSource::FilterFunctions, parse_filter_functions(&text)),
+            _ => match fs::read_to_string(&p.kallsyms) {
+                Ok(text) => (FunctionSource::Kallsyms, parse_kallsyms(&text)),
+                Err(_) => (FunctionSource::None, HashSet::new()),
+            },
+        };
+        let kallsyms_text = fs::read_to_string(&p.kallsyms).unwrap_or_default();
+        let ringbuf = kallsyms_text.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf_ringbuf_output"));
+        let headers_wanted = p
+            .headers_override
+            .clone()
+            .unwrap_or_else(|| p.modules_root.join(&p.release).join("build"));
+        let headers = if headers_wanted.join("include").is_dir() { Some(headers_wanted.clone()) } else { None };
+        Kernel {
+            release: p.release.clone(),
+            source,
+            functions,
+            tracefs,
+            btf: p.btf.exists(),
+            ringbuf,
+            headers,
+            headers_wanted,
+            kheaders: p.kheaders.exists() && p.headers_override.is_none(),
+        }
+    }
+
+    pub fn can_probe(&self, function: &str) -> bool {
+        self.functions.contains(function)
+    }
+
+    /// The first candidate the kernel can probe.
+    pub fn first_of<'a>(&self, candidates: &[&'a str]) -> Option<&'a str> {
+        candidates.iter().copied().find(|f| self.can_probe(f))
+    }
+
+    pub fn has_tracepoint(&self, system: &str, event: &str) -> bool {
+        self.tracefs.as_ref().map(|d| d.join("events").join(system).join(event).is_dir()).unwrap_or(false)
+    }
+
+    /// Headers BCC can compile against, or the error that says what to do.
+    pub fn require_headers(&self) -> Result<()> {
+        if self.headers.is_some() || self.kheaders {
+            Ok(())
+        } else {
+            Err(Error::no_headers(&self.headers_wanted.display().to_string()))
+        }
+    }
+
+    pub fn function_count(&self) -> usize {
+        self.functions.len()
+    }
+}
+
+pub fn module_loaded(sys_module: &Path, name: &str) -> bool {
+    sys_module.join(name).is_dir()
+}
+
+pub fn require_root() -> Result<()> {
+    if unsafe { libc::geteuid() } == 0 {
+        Ok(())
+    } else {
+        Err(Error::not_root())
+    }
+}
+
+/// `name [module]` per line; notrace duplicates and `__ftrace_invalid_address___`
+/// entries are kept as names (they never match a real function).
+pub fn parse_filter_functions(text: &str) -> HashSet<String> {
+    text.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect()
+}
+
+/// `address type name [module]`; text symbols (t/T) only.
+pub fn parse_kallsyms(text: &str) -> HashSet<String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let _addr = it.next()?;
+            let kind = it.next()?;
+            let name = it.next()?;
+            matches!(kind, "t" | "T").then(|| name.to_string())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(dir: &Path, filter_functions: Option<&str>, kallsyms: &str) -> Paths {
+        fs::create_dir_all(dir).unwrap();
+        let tracing = dir.join("tracing");
+        fs::create_dir_all(tracing.join("events/scsi/scsi_dispatch_cmd_start")).unwrap();
+        if let Some(ff) = filter_functions {
+            fs::write(tracing.join("available_filter_functions"), ff).unwrap();
+        }
+        fs::write(dir.join("kallsyms"), kallsyms).unwrap();
+        Paths {
+            tracefs: vec![tracing],
+            kallsyms: dir.join("kallsyms"),
+            btf: dir.join("btf-vmlinux"),
+            modules_root: dir.join("modules"),
+            sys_module: dir.join("module"),
+            kheaders: dir.join("kheaders.tar.xz"),
+            release: "6.1.0-57-amd64".into(),
+            headers_override: None,
+        }
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("stpt-kernel-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn filter_functions_win_over_kallsyms() {
+        let d = tmp("ff");
+        let p = fixture(&d, Some("iscsi_queuecommand [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\nsubmit_bio_noacct\n"),
+            "ffffffff81000000 T bpf_ringbuf_output\nffffffffc0000000 t iscsi_requeue_task [libiscsi]\n");
+        let k = Kernel::from_paths(&p);
+        assert_eq!(k.source, FunctionSource::FilterFunctions);
+        assert!(k.can_probe("iscsi_queuecommand"));
+        assert!(!k.can_probe("iscsi_requeue_task"), "kallsyms is not consulted when tracefs answers");
+        assert_eq!(k.first_of(&["generic_make_request", "submit_bio_noacct"]), Some("submit_bio_noacct"));
+        assert!(k.ringbuf);
+        assert!(k.has_tracepoint("scsi", "scsi_dispatch_cmd_start"));
+        assert!(!k.has_tracepoint("scsi", "scsi_dispatch_cmd_done"));
+        assert!(!k.btf);
+    }
+
+    #[test]
+    fn kallsyms_fallback_takes_text_symbols_only() {
+        let d = tmp("ks");
+        let p = fixture(&d, None, "0000000000000000 T iscsi_queuecommand [libiscsi]\n0000000000000000 d iscsi_data [libiscsi]\n");
+        let k = Kernel::from_paths(&p);
+        assert_eq!(k.source, FunctionSource::Kallsyms);
+        assert!(k.can_probe("iscsi_queuecommand"));
+        assert!(!k.can_probe("iscsi_data"));
+        assert!(!k.ringbuf);
+    }
+
+    #[test]
+    fn missing_headers_name_the_path() {
+        let d = tmp("hdr");
+        let mut p = fixture(&d, Some(""), "");
+        let k = Kernel::from_paths(&p);
+        let e = k.require_headers().unwrap_err();
+        assert!(e.to_string().contains("modules/6.1.0-57-amd64/build"), "{e}");
+        fs::create_dir_all(d.join("modules/6.1.0-57-amd64/build/include")).unwrap();
+        assert!(Kernel::from_paths(&p).require_headers().is_ok());
+        p.headers_override = Some(d.join("nowhere"));
+        let e = Kernel::from_paths(&p).require_headers().unwrap_err();
+        assert!(e.to_string().contains("nowhere"));
+    }
+}

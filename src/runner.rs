@@ -1,0 +1,147 @@
+//! Running a program: compile through bcc, attach probes, read events from a
+//! ring buffer (perf buffer where the kernel lacks one), stop on Ctrl-C,
+//! SIGTERM or a duration, detach (on drop).
+
+use crate::error::{Error, Result};
+use crate::kernel::{self, Kernel};
+use bcc::perf_event::PerfMapBuilder;
+use bcc::ring_buf::{RingBufBuilder, RingCallback};
+use bcc::{Kprobe, Kretprobe, BPF};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    Entry,
+    Return,
+}
+
+/// One attach point: a kernel function and the C handler that runs there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    pub kind: ProbeKind,
+    pub function: String,
+    pub handler: &'static str,
+}
+
+impl Probe {
+    pub fn entry(function: &str, handler: &'static str) -> Probe {
+        Probe { kind: ProbeKind::Entry, function: function.to_string(), handler }
+    }
+    pub fn ret(function: &str, handler: &'static str) -> Probe {
+        Probe { kind: ProbeKind::Return, function: function.to_string(), handler }
+    }
+    pub fn describe(&self) -> String {
+        match self.kind {
+            ProbeKind::Entry => format!("kprobe:{} -> {}", self.function, self.handler),
+            ProbeKind::Return => format!("kretprobe:{} -> {}", self.function, self.handler),
+        }
+    }
+}
+
+/// Checks every tool makes before compiling: root, headers, iSCSI modules.
+pub fn preflight(kernel: &Kernel, need_iscsi: bool) -> Result<()> {
+    kernel::require_root()?;
+    kernel.require_headers()?;
+    if need_iscsi && !kernel::module_loaded(std::path::Path::new("/sys/module"), "libiscsi") {
+        return Err(Error::no_iscsi_modules());
+    }
+    Ok(())
+}
+
+/// Compile C text with libbcc. bcc prints the compiler's diagnostics itself.
+pub fn compile(text: &str) -> Result<BPF> {
+    BPF::new(text).map_err(|e| Error::env(format!("BPF program failed to compile or load ({e}); the compiler's messages are above")))
+}
+
+pub fn attach(bpf: &mut BPF, probes: &[Probe]) -> Result<()> {
+    for p in probes {
+        let r = match p.kind {
+            ProbeKind::Entry => Kprobe::new().handler(p.handler).function(&p.function).attach(bpf),
+            ProbeKind::Return => Kretprobe::new().handler(p.handler).function(&p.function).attach(bpf),
+        };
+        r.map_err(|e| Error::env(format!("cannot attach {}: {e}", p.describe())))?;
+    }
+    Ok(())
+}
+
+/// Raw event records, whichever buffer carries them.
+pub struct Events {
+    source: Source,
+    rx: Receiver<Vec<u8>>,
+}
+
+enum Source {
+    Ring(bcc::ring_buf::RingBuf),
+    Perf(bcc::perf_event::PerfMap),
+}
+
+impl Events {
+    /// Open the `events` table of a program built from common.h.
+    pub fn open(bpf: &BPF, ringbuf: bool) -> Result<Events> {
+        let table = bpf.table("events")?;
+        let (tx, rx) = channel::<Vec<u8>>();
+        let source = if ringbuf {
+            let cb = RingCallback::new(Box::new(move |data: &[u8]| {
+                let _ = tx.send(data.to_vec());
+            }));
+            Source::Ring(RingBufBuilder::new(table, cb).build()?)
+        } else {
+            let perf = PerfMapBuilder::new(table, move || {
+                let tx = tx.clone();
+                Box::new(move |data: &[u8]| {
+                    let _ = tx.send(data.to_vec());
+                })
+            })
+            .page_count(256)
+            .build()?;
+            Source::Perf(perf)
+        };
+        Ok(Events { source, rx })
+    }
+
+    /// Wait up to `timeout_ms` and return the records that arrived.
+    pub fn poll(&mut self, timeout_ms: i32) -> Vec<Vec<u8>> {
+        match &mut self.source {
+            Source::Ring(r) => r.poll(timeout_ms),
+            Source::Perf(p) => p.poll(timeout_ms),
+        }
+        self.rx.try_iter().collect()
+    }
+}
+
+/// Ctrl-C, SIGTERM, SIGHUP, or the end of `--duration`.
+#[derive(Clone)]
+pub struct Stop {
+    flag: Arc<AtomicBool>,
+    deadline: Option<Instant>,
+}
+
+impl Stop {
+    pub fn install(duration: Option<Duration>) -> Result<Stop> {
+        let flag = Arc::new(AtomicBool::new(false));
+        let f = flag.clone();
+        ctrlc::set_handler(move || f.store(true, Ordering::SeqCst))
+            .map_err(|e| Error::env(format!("cannot install signal handler: {e}")))?;
+        Ok(Stop { flag, deadline: duration.map(|d| Instant::now() + d) })
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.flag.load(Ordering::SeqCst) || self.deadline.map(|d| Instant::now() >= d).unwrap_or(false)
+    }
+
+    pub fn request(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+    }
+
+    /// Milliseconds to wait in one poll, never past the deadline.
+    pub fn poll_ms(&self, max: u64) -> i32 {
+        let ms = match self.deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()).as_millis().min(max as u128) as u64,
+            None => max,
+        };
+        ms.max(1) as i32
+    }
+}

@@ -1,0 +1,244 @@
+//! The per-command stage timing shared by isclatency and iscstat: which
+//! kernel functions carry each stage on the running kernel, and the template
+//! values that say so. The C side is bpf_templates/iscsi_stages.c.
+
+use crate::error::{Error, Result};
+use crate::kernel::Kernel;
+use crate::runner::Probe;
+use crate::templates::Value;
+use std::path::PathBuf;
+
+pub const QUEUECOMMAND: &str = "iscsi_queuecommand";
+pub const PREP: &str = "iscsi_prep_scsi_cmd_pdu";
+pub const TCP_XMIT: &str = "iscsi_tcp_task_xmit";
+pub const COMPLETE: &str = "iscsi_complete_task";
+pub const R2T: &str = "iscsi_requeue_task";
+
+/// How to get from a `struct scsi_cmnd` to its `struct iscsi_task`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskLookup {
+    /// `sc->SCp.ptr` (kernels before 5.18)
+    ScsiPointer,
+    /// `((struct iscsi_cmd *)(sc + 1))->task` (5.18 and later)
+    PrivateData,
+}
+
+impl TaskLookup {
+    pub fn macro_name(self) -> &'static str {
+        match self {
+            TaskLookup::ScsiPointer => "SC_TASK_SCP",
+            TaskLookup::PrivateData => "SC_TASK_PRIV",
+        }
+    }
+
+    /// Decide from the kernel headers: `struct iscsi_cmd` exists from 5.18.
+    pub fn from_headers(dirs: &[PathBuf]) -> Result<TaskLookup> {
+        for d in dirs {
+            let f = d.join("include/scsi/libiscsi.h");
+            if let Ok(text) = std::fs::read_to_string(&f) {
+                return Ok(if text.contains("struct iscsi_cmd {") { TaskLookup::PrivateData } else { TaskLookup::ScsiPointer });
+            }
+        }
+        Err(Error::env(format!(
+            "kernel headers lack include/scsi/libiscsi.h (looked in {}): install the full linux-headers package",
+            dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        )))
+    }
+}
+
+/// Header trees to search: the build dir, and Debian's `source` sibling.
+pub fn header_dirs(kernel: &Kernel) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(h) = &kernel.headers {
+        v.push(h.clone());
+        if let Some(parent) = h.parent() {
+            v.push(parent.join("source"));
+        }
+    }
+    v
+}
+
+/// What the running kernel lets us measure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagePlan {
+    pub probes: Vec<Probe>,
+    /// SEND can be told apart from RESP.
+    pub have_sent: bool,
+    /// R2Ts can be counted.
+    pub have_r2t: bool,
+    pub task_lookup: TaskLookup,
+    /// One line each for what this kernel cannot give, said once at start.
+    pub notes: Vec<String>,
+}
+
+impl StagePlan {
+    pub fn choose(kernel: &Kernel, task_lookup: TaskLookup) -> Result<StagePlan> {
+        for (f, what) in [(QUEUECOMMAND, "command dispatch"), (PREP, "PDU preparation"), (COMPLETE, "task completion")] {
+            if !kernel.can_probe(f) {
+                return Err(Error::missing_probe(what, &[f]));
+            }
+        }
+        let mut probes = vec![
+            Probe::entry(QUEUECOMMAND, "stages_queuecommand"),
+            Probe::ret(QUEUECOMMAND, "stages_queuecommand_ret"),
+            Probe::entry(PREP, "stages_prep"),
+            Probe::entry(COMPLETE, "stages_complete"),
+        ];
+        let mut notes = Vec::new();
+        let have_sent = kernel.can_probe(TCP_XMIT);
+        if have_sent {
+            probes.push(Probe::entry(TCP_XMIT, "stages_xmit"));
+            probes.push(Probe::ret(TCP_XMIT, "stages_xmit_ret"));
+        } else {
+            notes.push(format!("{TCP_XMIT} is not traceable (not iscsi_tcp?): SEND shows '-' and RESP counts from PDU preparation"));
+        }
+        let have_r2t = kernel.can_probe(R2T);
+        if have_r2t {
+            probes.push(Probe::entry(R2T, "stages_r2t"));
+        } else {
+            notes.push(format!("{R2T} is not traceable: R2T counts show '-'"));
+        }
+        Ok(StagePlan { probes, have_sent, have_r2t, task_lookup, notes })
+    }
+
+    /// The plan for a kernel that has every probe point (for --ebpf where
+    /// the running kernel cannot be read).
+    pub fn assume_all(task_lookup: TaskLookup) -> StagePlan {
+        let mut p = StagePlan { probes: Vec::new(), have_sent: true, have_r2t: true, task_lookup, notes: Vec::new() };
+        p.probes = vec![
+            Probe::entry(QUEUECOMMAND, "stages_queuecommand"),
+            Probe::ret(QUEUECOMMAND, "stages_queuecommand_ret"),
+            Probe::entry(PREP, "stages_prep"),
+            Probe::entry(COMPLETE, "stages_complete"),
+            Probe::entry(TCP_XMIT, "stages_xmit"),
+            Probe::ret(TCP_XMIT, "stages_xmit_ret"),
+            Probe::entry(R2T, "stages_r2t"),
+        ];
+        p
+    }
+
+    pub fn values(&self) -> Vec<(&'static str, Value)> {
+        vec![("HAVE_SENT", self.have_sent.into()), ("TASK_FROM_SC", Value::Ident(self.task_lookup.macro_name()))]
+    }
+}
+
+/// Filters every stage program applies in the kernel, resolved to numbers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelFilter {
+    /// SCSI hosts (one per iSCSI session) to keep; None = all.
+    pub hosts: Option<Vec<u32>>,
+    /// host<<32 | lun pairs to keep; None = all.
+    pub devices: Option<Vec<u64>>,
+    pub lun: Option<u64>,
+    pub cid: Option<u32>,
+    pub pid: Option<u32>,
+    /// 0 all, 1 reads, 2 writes
+    pub dir: u8,
+}
+
+impl KernelFilter {
+    pub fn values(&self) -> Vec<(&'static str, Value)> {
+        vec![
+            ("FILTER_HOST", self.hosts.is_some().into()),
+            ("FILTER_DEV", self.devices.is_some().into()),
+            ("FILTER_LUN", self.lun.is_some().into()),
+            ("LUN", self.lun.unwrap_or(0).into()),
+            ("FILTER_CID", self.cid.is_some().into()),
+            ("CID", self.cid.unwrap_or(0).into()),
+            ("FILTER_PID", self.pid.is_some().into()),
+            ("PID", self.pid.unwrap_or(0).into()),
+            ("FILTER_DIR", Value::Int(self.dir as i64)),
+        ]
+    }
+
+    /// Fill the filter sets of a loaded program.
+    pub fn load_sets(&self, bpf: &bcc::BPF) -> Result<()> {
+        if let Some(hosts) = &self.hosts {
+            let mut t = bpf.table("host_filter")?;
+            crate::maps::fill_set(&mut t, hosts, |h: u32| h.to_ne_bytes().to_vec())?;
+        }
+        if let Some(devs) = &self.devices {
+            let mut t = bpf.table("dev_filter")?;
+            crate::maps::fill_set(&mut t, devs, |d: u64| d.to_ne_bytes().to_vec())?;
+        }
+        Ok(())
+    }
+}
+
+pub fn device_key(host: u32, lun: u64) -> u64 {
+    ((host as u64) << 32) | (lun as u32 as u64)
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::{Kernel, Paths};
+    use std::fs;
+
+    fn kernel_with(functions: &str) -> Kernel {
+        let d = std::env::temp_dir().join(format!("stpt-stages-{}-{}", std::process::id(), functions.len()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(d.join("tracing")).unwrap();
+        fs::write(d.join("tracing/available_filter_functions"), functions).unwrap();
+        Kernel::from_paths(&Paths {
+            tracefs: vec![d.join("tracing")],
+            kallsyms: d.join("kallsyms"),
+            btf: d.join("btf"),
+            modules_root: d.join("modules"),
+            sys_module: d.join("module"),
+            kheaders: d.join("kh"),
+            release: "x".into(),
+            headers_override: None,
+        })
+    }
+
+    #[test]
+    fn full_plan_on_a_kernel_with_everything() {
+        let k = kernel_with("iscsi_queuecommand [libiscsi]\niscsi_prep_scsi_cmd_pdu [libiscsi]\niscsi_complete_task [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\niscsi_requeue_task [libiscsi]\n");
+        let p = StagePlan::choose(&k, TaskLookup::PrivateData).unwrap();
+        assert!(p.have_sent && p.have_r2t && p.notes.is_empty());
+        assert_eq!(p.probes.len(), 7);
+        assert!(p.values().contains(&("TASK_FROM_SC", Value::Ident("SC_TASK_PRIV"))));
+    }
+
+    #[test]
+    fn missing_xmit_is_said_not_guessed() {
+        let k = kernel_with("iscsi_queuecommand\niscsi_prep_scsi_cmd_pdu\niscsi_complete_task\n");
+        let p = StagePlan::choose(&k, TaskLookup::ScsiPointer).unwrap();
+        assert!(!p.have_sent && !p.have_r2t);
+        assert_eq!(p.notes.len(), 2);
+        assert!(p.notes[0].contains("SEND shows '-'"));
+    }
+
+    #[test]
+    fn missing_completion_is_an_error() {
+        let k = kernel_with("iscsi_queuecommand\niscsi_prep_scsi_cmd_pdu\n");
+        let e = StagePlan::choose(&k, TaskLookup::ScsiPointer).unwrap_err();
+        assert!(e.to_string().contains("iscsi_complete_task"));
+        assert_eq!(e.exit_code(), 1);
+    }
+
+    #[test]
+    fn task_lookup_from_headers() {
+        let d = std::env::temp_dir().join(format!("stpt-hdr-{}", std::process::id()));
+        fs::create_dir_all(d.join("old/include/scsi")).unwrap();
+        fs::create_dir_all(d.join("new/include/scsi")).unwrap();
+        fs::write(d.join("old/include/scsi/libiscsi.h"), "struct iscsi_task {\n};\n").unwrap();
+        fs::write(d.join("new/include/scsi/libiscsi.h"), "struct iscsi_cmd {\n\tstruct iscsi_task *task;\n};\n").unwrap();
+        assert_eq!(TaskLookup::from_headers(&[d.join("nothing"), d.join("old")]).unwrap(), TaskLookup::ScsiPointer);
+        assert_eq!(TaskLookup::from_headers(&[d.join("new")]).unwrap(), TaskLookup::PrivateData);
+        assert!(TaskLookup::from_headers(&[d.join("nothing")]).is_err());
+    }
+
+    #[test]
+    fn filter_values_are_numbers() {
+        let f = KernelFilter { hosts: Some(vec![2]), lun: Some(1), dir: 2, ..Default::default() };
+        let v = f.values();
+        assert!(v.contains(&("FILTER_HOST", Value::Bool(true))));
+        assert!(v.contains(&("LUN", Value::Int(1))));
+        assert!(v.contains(&("FILTER_DIR", Value::Int(2))));
+        assert!(v.contains(&("FILTER_PID", Value::Bool(false))));
+        assert_eq!(device_key(3, 1), (3u64 << 32) | 1);
+    }
+}
