@@ -7,11 +7,13 @@
 #define USE_RINGBUF {{USE_RINGBUF}}
 #if USE_RINGBUF
 BPF_RINGBUF_OUTPUT(events, 256);
-#define SUBMIT_EVENT(ctx, ev) events.ringbuf_output((ev), sizeof(*(ev)), 0)
 #else
 BPF_PERF_OUTPUT(events);
-#define SUBMIT_EVENT(ctx, ev) events.perf_submit((ctx), (ev), sizeof(*(ev)))
 #endif
+/* bcc rewrites map calls only outside macros, so submitting is written out
+ * in each program as:
+ *   #if USE_RINGBUF  rc = events.ringbuf_output(&e, sizeof(e), 0);
+ *   #else            rc = events.perf_submit(ctx, &e, sizeof(e));  */
 
 /* counters[i]: see src/maps.rs (Counter) for the meaning of each slot. */
 #define CTR_LOST 0

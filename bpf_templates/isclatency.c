@@ -46,6 +46,11 @@ static __always_inline void on_command_done(struct pt_regs *ctx,
     e.dir = f->dir;
     e.opcode = f->opcode;
     __builtin_memcpy(&e.comm, f->comm, sizeof(e.comm));
-    if (SUBMIT_EVENT(ctx, &e) != 0)
+#if USE_RINGBUF
+    int rc = events.ringbuf_output(&e, sizeof(e), 0);
+#else
+    int rc = events.perf_submit(ctx, &e, sizeof(e));
+#endif
+    if (rc != 0)
         count(CTR_LOST);
 }

@@ -1,0 +1,103 @@
+//! Bad input, on any machine (no VM, no iSCSI): one clear line on stderr, a
+//! non-zero exit, no panic, and nothing typed by the user in the C text.
+
+use std::process::{Command, Output};
+
+fn isclatency(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_isclatency"));
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn one_line_error(out: &Output, code: i32, contains: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "exit status for {err:?}");
+    assert_eq!(err.lines().count(), 1, "want one line, got {err:?}");
+    assert!(err.starts_with("isclatency: error: "), "{err:?}");
+    assert!(err.contains(contains), "{err:?} lacks {contains:?}");
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"));
+    assert!(out.stdout.is_empty(), "nothing on stdout: {:?}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn unknown_flag() {
+    one_line_error(&isclatency(&["--bogus"], &[]), 2, "unexpected argument '--bogus'");
+}
+
+#[test]
+fn negative_and_non_numeric_thresholds() {
+    one_line_error(&isclatency(&["-m", "-1"], &[]), 2, "invalid value '-1'");
+    one_line_error(&isclatency(&["-m", "abc"], &[]), 2, "invalid value 'abc'");
+    one_line_error(&isclatency(&["-u", "99999999999999"], &[]), 2, "more than an hour");
+    one_line_error(&isclatency(&["-m", "1", "-u", "5"], &[]), 2, "cannot be used with");
+}
+
+#[test]
+fn bad_regex() {
+    one_line_error(&isclatency(&["--target", "("], &[]), 2, "--target '(': bad regular expression");
+    one_line_error(&isclatency(&["--initiator", "[a-"], &[]), 2, "--initiator '[a-': bad regular expression");
+}
+
+#[test]
+fn injection_attempt_is_not_a_number() {
+    one_line_error(&isclatency(&["--sid", "1) || (1"], &[]), 2, "invalid value '1) || (1' for '--sid <SID>'");
+    one_line_error(&isclatency(&["--disk", "sda) || (1"], &[]), 2, "not a block device name");
+}
+
+#[test]
+fn unknown_session_lists_what_exists() {
+    // This machine has no iSCSI sessions: the error says so.
+    one_line_error(&isclatency(&["--sid", "99"], &[]), 2, "--sid 99 matches no iSCSI session (sessions: none)");
+    one_line_error(&isclatency(&["--disk", "sdq"], &[]), 2, "--disk sdq matches no iSCSI session");
+}
+
+#[test]
+fn zero_duration() {
+    one_line_error(&isclatency(&["--duration", "0"], &[]), 2, "--duration must be at least 1 second");
+}
+
+#[test]
+fn missing_headers() {
+    if unsafe { libc::geteuid() } != 0 {
+        return one_line_error(&isclatency(&[], &[]), 1, "must be run as root");
+    }
+    one_line_error(&isclatency(&[], &[("BCC_KERNEL_SOURCE", "/nonexistent/headers")]), 1, "kernel headers not found at /nonexistent/headers");
+}
+
+#[test]
+fn not_root() {
+    // Drop to nobody with setpriv (util-linux) when we are root.
+    let out = if unsafe { libc::geteuid() } == 0 {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_isclatency"), "-m", "10"])
+            .output()
+            .expect("setpriv")
+    } else {
+        isclatency(&["-m", "10"], &[])
+    };
+    one_line_error(&out, 1, "must be run as root");
+}
+
+#[test]
+fn ebpf_prints_the_program_without_root_or_iscsi() {
+    let out = isclatency(&["--ebpf", "-m", "7", "-r", "--lun", "3"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("#define MIN_NS (7000LL * 1000ULL)"), "threshold substituted");
+    assert!(text.contains("#define FILTER_DIR 1LL"));
+    assert!(text.contains("#define FILTER_LUN 1") && text.contains("#define FILTER_LUN_VALUE 3LL"));
+    assert!(!text.contains("{{"), "placeholder left in the program");
+    assert!(text.contains("int stages_complete("));
+}
+
+#[test]
+fn help_has_examples() {
+    let out = isclatency(&["--help"], &[]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("examples:") && text.contains("isclatency -m 1"));
+    assert!(text.contains("R2Ts"), "help says writes include R2T time");
+}

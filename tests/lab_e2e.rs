@@ -1,0 +1,238 @@
+//! End-to-end tests against a real iSCSI session. They run only inside the
+//! lab VM, through `tests/lab/e2e` (which passes --ignored); on a machine
+//! without iSCSI they are reported as ignored, never as passed.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+use storprototrace::runner::{self, Probe};
+use storprototrace::templates::{self, Template, Value};
+use support::json::Json;
+use support::*;
+
+const LAB: &str = "needs the iSCSI lab VM: run tests/lab/e2e";
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// Every printed command obeys TOTAL = WAIT + SEND + RESP, and no value is
+/// longer than the tool ran (so nothing negative or wrapped slipped through).
+fn check_sane(cmds: &[Json], run: Duration) {
+    let run_ns = run.as_nanos() as u64;
+    for c in cmds {
+        let (w, s, r, t) = (c.get("wait_ns").u64(), c.get("send_ns").u64(), c.get("resp_ns").u64(), c.get("total_ns").u64());
+        assert_eq!(w + s + r, t, "stages do not add up: {c:?}");
+        assert!(t <= run_ns, "latency {t} ns is longer than the run ({run_ns} ns): {c:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+fn chain_counts_commands_per_session() {
+    let lab = lab();
+    assert!(lab.disks.len() >= 3, "{LAB} with --targets 2 --luns 2");
+    quiet_disks(&lab);
+    let text = Template::new(&[templates::ISCCOUNT]).render(&[("COMPLETED_STATE", Value::Ident("ISCSI_TASK_COMPLETED"))]).unwrap();
+    let mut bpf = runner::compile(&text).expect("compile");
+    runner::attach(&mut bpf, &[Probe::entry("iscsi_queuecommand", "count_queuecommand"), Probe::entry("iscsi_complete_task", "count_complete")]).expect("attach");
+    let (d1, d2) = (&lab.disks[0], &lab.disks[2]);
+    let f1 = fio(d1, "randread", 300, 4, &[]);
+    let f2 = fio(d2, "randrw", 500, 4, &[]);
+    let topo = topology();
+    let (s1, s2) = (topo.disk(d1).unwrap().0.clone(), topo.disk(d2).unwrap().0.clone());
+    assert_ne!(s1.sid, s2.sid);
+    let mut entered = bpf.table("entered").unwrap();
+    let mut completed = bpf.table("completed").unwrap();
+    let e1 = storprototrace::maps::read_u64(&mut entered, s1.host);
+    let e2 = storprototrace::maps::read_u64(&mut entered, s2.host);
+    let c1 = storprototrace::maps::read_u64(&mut completed, s1.sid);
+    let c2 = storprototrace::maps::read_u64(&mut completed, s2.sid);
+    println!("session {} ({d1}): fio {} I/Os, entered {e1}, completed {c1}", s1.sid, f1.ios());
+    println!("session {} ({d2}): fio {} I/Os, entered {e2}, completed {c2}", s2.sid, f2.ios());
+    assert_eq!((e1, c1), (300, 300));
+    assert_eq!((e2, c2), (500, 500));
+    assert_eq!(f1.ios() + f2.ios(), 800);
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+fn isclatency_exact_count_on_one_disk() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let (d, other) = (&lab.disks[0], &lab.disks[1]);
+    let t = start("isclatency", &["-u", "0", "--json", "--disk", d]);
+    let noise = fio_cmd(other, "randread", 300, 4, &[]).spawn().unwrap();
+    let f = fio(d, "randrw", 1000, 8, &[]);
+    fio_result(noise.wait_with_output().unwrap());
+    let out = t.stop();
+    assert!(out.status.success(), "{}", out.stderr);
+    let cmds = out.json();
+    let reads = cmds.iter().filter(|c| c.get("dir").str() == "R").count() as u64;
+    let writes = cmds.iter().filter(|c| c.get("dir").str() == "W").count() as u64;
+    println!("fio: {} reads {} writes; isclatency: {} commands ({reads} R, {writes} W)", f.reads, f.writes, cmds.len());
+    assert_eq!(cmds.len() as u64, f.ios(), "exactly one line per fio I/O");
+    assert_eq!((reads, writes), (f.reads, f.writes));
+    assert!(cmds.iter().all(|c| c.get("disk").str() == d && c.get("bytes").u64() == 4096 && c.get("ok") == &Json::Bool(true)));
+    check_sane(&cmds, out.elapsed);
+    assert_eq!(out.summary("events lost"), 0);
+    assert_eq!(out.summary("still in flight"), 0);
+    assert_eq!(out.summary("commands shown"), f.ios());
+}
+
+struct Netem;
+impl Netem {
+    fn add(spec: &str) -> Netem {
+        let _ = std::process::Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+        sh(&format!("tc qdisc add dev lo root netem {spec}"));
+        Netem
+    }
+}
+impl Drop for Netem {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+    }
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+fn isclatency_netem_delay_is_resp_time() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let d = &lab.disks[0];
+    let t = start("isclatency", &["-u", "0", "--json", "--disk", d]);
+    let f = {
+        let _delay = Netem::add("delay 5ms");
+        fio(d, "randread", 200, 1, &[])
+    };
+    let out = t.stop();
+    let cmds = out.json();
+    assert_eq!(cmds.len() as u64, f.ios());
+    check_sane(&cmds, out.elapsed);
+    let n = cmds.len() as f64;
+    let mean = |k: &str| cmds.iter().map(|c| c.get(k).u64() as f64).sum::<f64>() / n;
+    let min_resp = cmds.iter().map(|c| c.get("resp_ns").u64()).min().unwrap();
+    let max_wait_send = cmds.iter().map(|c| c.get("wait_ns").u64() + c.get("send_ns").u64()).max().unwrap();
+    let ratio = mean("total_ns") / f.clat_mean_ns();
+    println!(
+        "netem 5 ms: {} commands; RESP min {:.3} ms mean {:.3} ms; WAIT mean {:.3} ms, SEND mean {:.3} ms, WAIT+SEND max {:.3} ms",
+        cmds.len(), ms(min_resp), mean("resp_ns") / 1e6, mean("wait_ns") / 1e6, mean("send_ns") / 1e6, ms(max_wait_send)
+    );
+    println!("mean TOTAL {:.3} ms vs fio mean clat {:.3} ms: ratio {ratio:.3}", mean("total_ns") / 1e6, f.clat_mean_ns() / 1e6);
+    assert!(min_resp >= 10_000_000, "a response came back faster than two 5 ms crossings");
+    assert!(mean("wait_ns") < 2e6 && mean("send_ns") < 2e6, "WAIT/SEND should be far below the delay");
+    assert!(ratio > 0.5 && ratio <= 1.02, "the driver's share of fio's latency must be at most all of it");
+
+    // Without the delay, a light job has (almost) nothing of 10 ms or more.
+    let t = start("isclatency", &["-m", "10", "--json", "--disk", d]);
+    let f = fio(d, "randread", 300, 1, &[]);
+    let out = t.stop();
+    let slow = out.json().len() as u64;
+    println!("no netem, -m 10: {slow} of {} commands shown", f.ios());
+    assert!(slow * 20 <= f.ios(), "{slow} of {} commands were 10 ms or more without any delay", f.ios());
+    assert!(out.json().iter().all(|c| c.get("total_ns").u64() >= 10_000_000));
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+fn isclatency_concurrency_exact_per_session() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let (d1, d2) = (&lab.disks[0], &lab.disks[2]);
+    let t = start("isclatency", &["-u", "0", "--json"]);
+    let j1 = fio_cmd(d1, "randrw", 3000, 32, &[]).spawn().unwrap();
+    let j2 = fio_cmd(d2, "randrw", 2000, 32, &[]).spawn().unwrap();
+    let (f1, f2) = (fio_result(j1.wait_with_output().unwrap()), fio_result(j2.wait_with_output().unwrap()));
+    let out = t.stop();
+    let cmds = out.json();
+    let mut per_sid: HashMap<u64, u64> = HashMap::new();
+    for c in &cmds {
+        *per_sid.entry(c.get("sid").u64()).or_default() += 1;
+    }
+    let (s1, s2) = (sid_of(d1) as u64, sid_of(d2) as u64);
+    println!("iodepth 32: session {s1} fio {} / traced {:?}; session {s2} fio {} / traced {:?}", f1.ios(), per_sid.get(&s1), f2.ios(), per_sid.get(&s2));
+    assert_eq!(per_sid.get(&s1).copied().unwrap_or(0), f1.ios());
+    assert_eq!(per_sid.get(&s2).copied().unwrap_or(0), f2.ios());
+    assert_eq!(cmds.len() as u64, f1.ios() + f2.ios(), "commands from nowhere");
+    check_sane(&cmds, out.elapsed);
+    assert_eq!(out.summary("events lost"), 0);
+    assert_eq!(out.summary("still in flight"), 0);
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+fn isclatency_filters_show_only_and_all() {
+    let lab = lab();
+    assert_eq!(lab.disks.len(), 4, "{LAB} with --targets 2 --luns 2");
+    quiet_disks(&lab);
+    let d = &lab.disks;
+    let s2 = sid_of(&d[2]).to_string();
+    let workload = || -> Vec<Fio> {
+        let jobs: Vec<_> = d.iter().zip([200u64, 300, 400, 500]).map(|(disk, n)| fio_cmd(disk, "randrw", n, 4, &[]).spawn().unwrap()).collect();
+        jobs.into_iter().map(|j| fio_result(j.wait_with_output().unwrap())).collect()
+    };
+    let check = |name: &str, out: Finished, want: u64, pred: &dyn Fn(&Json) -> bool| {
+        let cmds = out.json();
+        println!("{name}: expected {want}, shown {}", cmds.len());
+        assert_eq!(cmds.len() as u64, want, "{name}: count");
+        assert!(cmds.iter().all(pred), "{name}: a command that should have been filtered out");
+        check_sane(&cmds, out.elapsed);
+    };
+
+    let by_sid = start("isclatency", &["-u", "0", "--json", "--sid", &s2]);
+    let by_target = start("isclatency", &["-u", "0", "--json", "--target", "target1$"]);
+    let by_lun = start("isclatency", &["-u", "0", "--json", "--lun", "1"]);
+    let f = workload();
+    let t1 = lab.targets[0].clone();
+    check("--sid", by_sid.stop(), f[2].ios() + f[3].ios(), &|c| c.get("sid").u64().to_string() == s2);
+    check("--target", by_target.stop(), f[0].ios() + f[1].ios(), &|c| c.get("target").str() == t1);
+    check("--lun", by_lun.stop(), f[1].ios() + f[3].ios(), &|c| c.get("lun").u64() == 1);
+
+    let by_disk = start("isclatency", &["-u", "0", "--json", "--disk", &d[3]]);
+    let reads = start("isclatency", &["-u", "0", "--json", "-r"]);
+    let writes = start("isclatency", &["-u", "0", "--json", "-w"]);
+    let f = workload();
+    let d3 = d[3].clone();
+    check("--disk", by_disk.stop(), f[3].ios(), &|c| c.get("disk").str() == d3);
+    check("-r", reads.stop(), f.iter().map(|x| x.reads).sum(), &|c| c.get("dir").str() == "R");
+    check("-w", writes.stop(), f.iter().map(|x| x.writes).sum(), &|c| c.get("dir").str() == "W");
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+fn isclatency_survives_connection_loss_and_relogin() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let d = lab.disks[0].clone();
+    let t = start("isclatency", &["-u", "0", "--json"]);
+    let job = fio_cmd(&d, "randread", 1_000_000, 4, &["--time_based", "--runtime=50"]).spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    {
+        let _loss = Netem::add("loss 100%");
+        std::thread::sleep(Duration::from_secs(30));
+    }
+    let f = fio_result(job.wait_with_output().unwrap());
+    println!("fio through the outage: {} I/Os", f.ios());
+    // Log the second target out and in again, then put I/O on it.
+    let target2 = lab.targets.iter().rev().next().unwrap().clone();
+    sh(&format!("iscsiadm -m node -T {target2} -p 127.0.0.1 -u"));
+    sh(&format!("iscsiadm -m node -T {target2} -p 127.0.0.1 -l"));
+    sh("udevadm control --start-exec-queue; udevadm settle -t 30; udevadm control --stop-exec-queue");
+    let topo = topology();
+    let s = topo.sessions.iter().find(|s| s.target == target2).expect("session back after login");
+    let disk = s.luns[0].disk.clone().expect("disk back after login");
+    sh(&format!("echo 2 > /sys/block/{disk}/queue/nomerges"));
+    let after = fio(&disk, "randread", 100, 1, &[]);
+    let out = t.stop_with(libc::SIGTERM);
+    assert!(out.status.success(), "isclatency failed across the fault: {}", out.stderr);
+    let cmds = out.json();
+    check_sane(&cmds, out.elapsed);
+    let new_sid = s.sid as u64;
+    let on_new = cmds.iter().filter(|c| c.get("sid").u64() == new_sid).count() as u64;
+    println!("after re-login: session {new_sid} ({disk}) fio {} / traced {on_new}; summary: {}", after.ios(), out.stderr.lines().last().unwrap_or(""));
+    assert!(on_new >= after.ios(), "commands of the new session are missing");
+    assert!(cmds.iter().filter(|c| c.get("sid").u64() == new_sid).all(|c| c.get("disk").str() == disk));
+    assert_eq!(out.summary("still in flight"), 0, "stale entries left in the in-flight map");
+    assert!(out.summary("ended without a response") > 0, "the outage should have failed some commands");
+}

@@ -1,0 +1,205 @@
+//! Helpers for the end-to-end tests that run inside the lab VM
+//! (tests/lab/run): the lab's disks, fio as ground truth, and running a tool
+//! until it says "Tracing", then stopping it with a signal.
+#![allow(dead_code)]
+
+pub mod json;
+
+use json::Json;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use storprototrace::topology::Topology;
+
+pub struct Lab {
+    pub disks: Vec<String>,
+    pub targets: Vec<String>,
+}
+
+/// The lab this test runs in. Outside the VM there is none: the lab tests
+/// are #[ignore]d and only run through tests/lab/e2e.
+pub fn lab() -> Lab {
+    let disks: Vec<String> = std::env::var("LAB_DISKS").expect("LAB_DISKS unset: run through tests/lab/e2e").split_whitespace().map(String::from).collect();
+    let targets = std::env::var("LAB_TARGETS").unwrap_or_default().split_whitespace().map(String::from).collect();
+    assert!(!disks.is_empty(), "the lab has no disks");
+    Lab { disks, targets }
+}
+
+pub fn topology() -> Topology {
+    Topology::read(std::path::Path::new("/sys")).expect("read sysfs")
+}
+
+pub fn sid_of(disk: &str) -> u32 {
+    let t = topology();
+    t.disk(disk).unwrap_or_else(|| panic!("{disk} is not an iSCSI disk: {}", t.describe())).0.sid
+}
+
+pub fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().expect("run sh");
+    assert!(out.status.success(), "`{cmd}` failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Make counts exact: no merging of adjacent I/Os, and no udev rules probing
+/// the disks after fio closes them (LAB-NOTES: "Small traps").
+pub fn quiet_disks(lab: &Lab) {
+    for d in &lab.disks {
+        sh(&format!("echo 2 > /sys/block/{d}/queue/nomerges"));
+    }
+    sh("udevadm settle -t 10 || true; udevadm control --stop-exec-queue");
+}
+
+/// What fio says it did.
+#[derive(Debug, Clone)]
+pub struct Fio {
+    pub reads: u64,
+    pub writes: u64,
+    pub read_clat_mean_ns: f64,
+    pub write_clat_mean_ns: f64,
+    pub runtime_ms: f64,
+}
+
+impl Fio {
+    pub fn ios(&self) -> u64 {
+        self.reads + self.writes
+    }
+    pub fn clat_mean_ns(&self) -> f64 {
+        (self.read_clat_mean_ns * self.reads as f64 + self.write_clat_mean_ns * self.writes as f64) / self.ios().max(1) as f64
+    }
+}
+
+pub fn fio_cmd(disk: &str, rw: &str, number_ios: u64, iodepth: u32, extra: &[&str]) -> Command {
+    let mut c = Command::new("fio");
+    c.args([
+        "--name=lab", &format!("--filename=/dev/{disk}"), &format!("--rw={rw}"), "--bs=4k", "--direct=1",
+        "--ioengine=libaio", &format!("--iodepth={iodepth}"), &format!("--number_ios={number_ios}"),
+        "--size=128m", "--output-format=json", "--randrepeat=0",
+    ]);
+    c.args(extra);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+pub fn fio_result(out: std::process::Output) -> Fio {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "fio failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    let start = text.find('{').expect("fio printed no JSON");
+    let j = Json::parse(&text[start..]).expect("fio JSON");
+    let job = j.path("jobs.0");
+    Fio {
+        reads: job.path("read.total_ios").u64(),
+        writes: job.path("write.total_ios").u64(),
+        read_clat_mean_ns: job.path("read.clat_ns.mean").f64(),
+        write_clat_mean_ns: job.path("write.clat_ns.mean").f64(),
+        runtime_ms: job.path("job_runtime").f64(),
+    }
+}
+
+pub fn fio(disk: &str, rw: &str, number_ios: u64, iodepth: u32, extra: &[&str]) -> Fio {
+    fio_result(fio_cmd(disk, rw, number_ios, iodepth, extra).output().expect("run fio"))
+}
+
+/// A tool started with --json, running until stopped.
+pub struct Traced {
+    pub name: String,
+    child: Child,
+    stdout: mpsc::Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    pub started: Instant,
+}
+
+pub struct Finished {
+    pub status: std::process::ExitStatus,
+    pub lines: Vec<String>,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Finished {
+    pub fn json(&self) -> Vec<Json> {
+        self.lines.iter().map(|l| Json::parse(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}"))).collect()
+    }
+    /// The summary line's number before `what` (e.g. "events lost").
+    pub fn summary(&self, what: &str) -> u64 {
+        let line = self.stderr.lines().chain(self.lines.iter().map(|s| s.as_str())).find(|l| l.contains(what)).unwrap_or_else(|| panic!("no summary with {what:?}: {}", self.stderr));
+        let before = &line[..line.find(what).unwrap()];
+        before.trim_end().rsplit([' ', ',']).next().unwrap().parse().unwrap_or_else(|_| panic!("no number before {what:?} in {line:?}"))
+    }
+}
+
+pub fn bin(name: &str) -> String {
+    match name {
+        "isclatency" => env!("CARGO_BIN_EXE_isclatency").to_string(),
+        other => panic!("unknown tool {other}"),
+    }
+}
+
+/// Start a tool and wait for its "Tracing" line (compiling under emulation
+/// takes tens of seconds: wait for the line, never a fixed time).
+pub fn start(tool: &str, args: &[&str]) -> Traced {
+    let mut child = Command::new(bin(tool)).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn tool");
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let err_text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let mut err = child.stderr.take().unwrap();
+    let et = err_text.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            match err.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let mut s = et.lock().unwrap();
+                    s.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    if s.contains("Tracing") {
+                        let _ = ready_tx.send(());
+                    }
+                }
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if ready_rx.recv_timeout(Duration::from_millis(200)).is_ok() {
+            break;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("{tool} {args:?} exited with {st} before tracing: {}", err_text.lock().unwrap());
+        }
+        assert!(Instant::now() < deadline, "{tool} did not start tracing in 300 s: {}", err_text.lock().unwrap());
+    }
+    Traced { name: tool.to_string(), child, stdout: rx, stderr: err_text, started: Instant::now() }
+}
+
+impl Traced {
+    /// Send a signal, wait for exit (bounded), collect everything it printed.
+    pub fn stop_with(mut self, signal: i32) -> Finished {
+        // Let the last completions reach the buffer and the poll loop.
+        std::thread::sleep(Duration::from_millis(500));
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                break st;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit within 60 s of signal {signal}", self.name);
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let lines: Vec<String> = self.stdout.try_iter().collect();
+        let stderr = self.stderr.lock().unwrap().clone();
+        Finished { status, lines, stderr, elapsed: self.started.elapsed() }
+    }
+    pub fn stop(self) -> Finished {
+        self.stop_with(libc::SIGINT)
+    }
+}
