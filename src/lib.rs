@@ -12,6 +12,7 @@ pub mod maps;
 pub mod output;
 pub mod runner;
 pub mod stages;
+pub mod stats;
 pub mod templates;
 pub mod topology;
 

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 pub const COMMON: &str = include_str!("../bpf_templates/common.h");
 pub const ISCSI_STAGES: &str = include_str!("../bpf_templates/iscsi_stages.c");
 pub const ISCLATENCY: &str = include_str!("../bpf_templates/isclatency.c");
+pub const ISCSTAT: &str = include_str!("../bpf_templates/iscstat.c");
 pub const ISCCOUNT: &str = include_str!("../bpf_templates/isccount.c");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

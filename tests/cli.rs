@@ -101,3 +101,22 @@ fn help_has_examples() {
     assert!(text.contains("examples:") && text.contains("isclatency -m 1"));
     assert!(text.contains("R2Ts"), "help says writes include R2T time");
 }
+
+#[test]
+fn iscstat_bad_input() {
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_iscstat")).args(args).output().unwrap();
+    for (args, want) in [
+        (&["0"][..], "interval must be at least 1 second"),
+        (&["1", "0"][..], "count must be at least 1"),
+        (&["-1"][..], "unexpected argument '-1'"),
+        (&["abc"][..], "invalid value 'abc'"),
+        (&["--sid", "99"][..], "--sid 99 matches no iSCSI session"),
+        (&["--target", "("][..], "bad regular expression"),
+    ] {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err:?}");
+        assert!(err.starts_with("iscstat: error: ") && err.contains(want), "{args:?}: {err:?}");
+    }
+}

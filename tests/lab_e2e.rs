@@ -218,10 +218,18 @@ fn isclatency_survives_connection_loss_and_relogin() {
     let target2 = lab.targets.iter().rev().next().unwrap().clone();
     sh(&format!("iscsiadm -m node -T {target2} -p 127.0.0.1 -u"));
     sh(&format!("iscsiadm -m node -T {target2} -p 127.0.0.1 -l"));
-    sh("udevadm control --start-exec-queue; udevadm settle -t 30; udevadm control --stop-exec-queue");
-    let topo = topology();
-    let s = topo.sessions.iter().find(|s| s.target == target2).expect("session back after login");
-    let disk = s.luns[0].disk.clone().expect("disk back after login");
+    let mut waited = 0;
+    let (s, disk) = loop {
+        let topo = topology();
+        if let Some(s) = topo.sessions.iter().find(|s| s.target == target2) {
+            if let Some(d) = s.luns.first().and_then(|l| l.disk.clone()) {
+                break (s.clone(), d);
+            }
+        }
+        waited += 1;
+        assert!(waited < 60, "no disk for {target2} 30 s after login");
+        std::thread::sleep(Duration::from_millis(500));
+    };
     sh(&format!("echo 2 > /sys/block/{disk}/queue/nomerges"));
     let after = fio(&disk, "randread", 100, 1, &[]);
     let out = t.stop_with(libc::SIGTERM);
@@ -235,4 +243,48 @@ fn isclatency_survives_connection_loss_and_relogin() {
     assert!(cmds.iter().filter(|c| c.get("sid").u64() == new_sid).all(|c| c.get("disk").str() == disk));
     assert_eq!(out.summary("still in flight"), 0, "stale entries left in the in-flight map");
     assert!(out.summary("ended without a response") > 0, "the outage should have failed some commands");
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let (d0, d1) = (&lab.disks[0], &lab.disks[1]);
+    let sid = sid_of(d0).to_string();
+    assert_eq!(sid, sid_of(d1).to_string(), "the first two lab disks are LUNs 0 and 1 of one target");
+    let stat = start("iscstat", &["1", "--json", "-L", "-D", "-P", "--sid", &sid]);
+    let lat = start("isclatency", &["-u", "0", "--json", "--sid", &sid]);
+    let f0 = fio(d0, "randrw", 1000, 8, &[]);
+    let f1 = {
+        let _delay = Netem::add("delay 5ms");
+        fio(d1, "randread", 200, 1, &[])
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let (stat, lat) = (stat.stop(), lat.stop());
+    assert!(stat.status.success(), "{}", stat.stderr);
+    let rows = stat.json();
+    let sum = |lun: u64, dir: &str, key: &str| -> u64 {
+        rows.iter().filter(|r| r.get("lun").u64() == lun && r.get("dir").str() == dir).map(|r| r.get(key).u64()).sum()
+    };
+    println!("LUN 0: fio {} R {} W; iscstat {} R {} W", f0.reads, f0.writes, sum(0, "R", "count"), sum(0, "W", "count"));
+    assert_eq!(sum(0, "R", "count"), f0.reads);
+    assert_eq!(sum(0, "W", "count"), f0.writes);
+    assert_eq!(sum(0, "R", "bytes") + sum(0, "W", "bytes"), 4096 * f0.ios());
+    assert_eq!(sum(1, "R", "count"), f1.reads);
+    assert_eq!(sum(1, "W", "count") + sum(0, "-", "count") + sum(1, "-", "count"), 0, "commands from nowhere");
+    let delayed: Vec<&Json> = rows.iter().filter(|r| r.get("lun").u64() == 1 && r.get("count").u64() > 0).collect();
+    let n: u64 = delayed.iter().map(|r| r.get("count").u64()).sum();
+    let wavg = |k: &str| delayed.iter().map(|r| r.get(k).u64() as f64 * r.get("count").u64() as f64).sum::<f64>() / n as f64;
+    for r in &delayed {
+        assert!(r.get("resp_avg_ns").u64() >= 10_000_000 && r.get("resp_p50_ns").u64() >= 9_700_000, "RESP under netem 5 ms: {r:?}");
+        assert!(r.get("total_max_ns").u64() <= stat.elapsed.as_nanos() as u64);
+    }
+    assert!(wavg("wait_avg_ns") < 2e6 && wavg("send_avg_ns") < 2e6);
+    let cmds: Vec<Json> = lat.json().into_iter().filter(|c| c.get("lun").u64() == 1).collect();
+    assert_eq!(cmds.len() as u64, n, "isclatency and iscstat saw the same commands");
+    let lat_mean = cmds.iter().map(|c| c.get("total_ns").u64() as f64).sum::<f64>() / n as f64;
+    let stat_mean = wavg("total_avg_ns");
+    println!("netem 5 ms, LUN 1: iscstat TOTAL avg {:.3} ms (RESP avg {:.3} ms), isclatency mean TOTAL {:.3} ms, ratio {:.4}", stat_mean / 1e6, wavg("resp_avg_ns") / 1e6, lat_mean / 1e6, stat_mean / lat_mean);
+    assert!((stat_mean / lat_mean - 1.0).abs() < 0.001, "the two tools disagree");
 }

@@ -41,13 +41,15 @@ pub fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Make counts exact: no merging of adjacent I/Os, and no udev rules probing
-/// the disks after fio closes them (LAB-NOTES: "Small traps").
+/// Make counts exact: no merging of adjacent I/Os, and no udev probing the
+/// disks after fio closes them. Stopping udev's exec queue is not enough:
+/// udevd's inotify watch itself re-reads the partition table (BLKRRPART) of
+/// a disk closed after writing, 18 SCSI commands here. So udevd is stopped.
 pub fn quiet_disks(lab: &Lab) {
     for d in &lab.disks {
         sh(&format!("echo 2 > /sys/block/{d}/queue/nomerges"));
     }
-    sh("udevadm settle -t 10 || true; udevadm control --stop-exec-queue");
+    sh("udevadm settle -t 10 || true; udevadm control --exit || true; pkill -x systemd-udevd || true; sleep 1");
 }
 
 /// What fio says it did.
@@ -131,6 +133,7 @@ impl Finished {
 pub fn bin(name: &str) -> String {
     match name {
         "isclatency" => env!("CARGO_BIN_EXE_isclatency").to_string(),
+        "iscstat" => env!("CARGO_BIN_EXE_iscstat").to_string(),
         other => panic!("unknown tool {other}"),
     }
 }

@@ -1,0 +1,97 @@
+/* iscstat.c: per-row aggregates of the per-command stages, in the kernel.
+ * A row is a session:connection (and LUN with PER_LUN, direction with
+ * PER_DIR). User space flips `epoch` each interval, waits for programs in
+ * flight to finish, then reads and deletes the rows of the old epoch: no
+ * per-command events cross to user space and no update is lost between
+ * reading and clearing. */
+#define PER_LUN {{PER_LUN}}
+#define PER_DIR {{PER_DIR}}
+
+struct row_key {
+    u32 epoch;
+    u32 sid;
+    u32 cid;
+    u32 host;
+    u64 lun;
+    u32 dir;
+    u32 pad;
+};
+
+struct row_val {
+    u64 count;
+    u64 bytes;
+    u64 sum[4];
+    u64 max[4];
+};
+
+struct hist_key {
+    struct row_key row;
+    u32 stage;
+    u32 bucket;
+};
+
+BPF_ARRAY(epoch, u32, 1);
+BPF_PERCPU_HASH(rows, struct row_key, struct row_val, 4096);
+BPF_HASH(hists, struct hist_key, u64, 65536);
+
+static __always_inline u32 log2_floor(u64 v)
+{
+    u32 r = 0;
+    if (v >> 32) { v >>= 32; r += 32; }
+    if (v >> 16) { v >>= 16; r += 16; }
+    if (v >> 8) { v >>= 8; r += 8; }
+    if (v >> 4) { v >>= 4; r += 4; }
+    if (v >> 2) { v >>= 2; r += 2; }
+    if (v >> 1) { r += 1; }
+    return r;
+}
+
+/* Log-linear buckets of 1024 ns units: 16 per power of two (at most 1/16
+ * wide), so 1.0 ms and 1.3 ms land in different buckets. src/stats.rs
+ * holds the inverse. */
+static __always_inline u32 fine_bucket(u64 ns)
+{
+    u64 v = ns >> 10;
+    if (v < 16)
+        return v;
+    u32 msb = log2_floor(v);
+    return (msb - 3) * 16 + ((v >> (msb - 4)) & 15);
+}
+
+static __always_inline void add_stage(struct row_val *v, struct hist_key *hk, int i, u64 ns)
+{
+    v->sum[i] += ns;
+    if (ns > v->max[i])
+        v->max[i] = ns;
+    hk->stage = i;
+    hk->bucket = fine_bucket(ns);
+    hists.atomic_increment(*hk);
+}
+
+static __always_inline void on_command_done(struct pt_regs *ctx,
+        struct inflight *f, struct stage_times *t, int result)
+{
+    u32 zero = 0;
+    u32 *ep = epoch.lookup(&zero);
+    struct row_key k = {};
+    k.epoch = ep ? *ep : 0;
+    k.sid = f->sid;
+    k.cid = f->cid;
+    k.host = f->host;
+    k.lun = PER_LUN ? f->lun : 0;
+    k.dir = PER_DIR ? f->dir : 0;
+    struct row_val zv = {};
+    struct row_val *v = rows.lookup_or_try_init(&k, &zv);
+    if (!v) {
+        count(CTR_LOST);
+        return;
+    }
+    v->count += 1;
+    v->bytes += f->bytes;
+    struct hist_key hk = {};
+    hk.row = k;
+    add_stage(v, &hk, 0, t->wait);
+    add_stage(v, &hk, 1, t->send);
+    add_stage(v, &hk, 2, t->resp);
+    add_stage(v, &hk, 3, t->total);
+}

@@ -1,0 +1,220 @@
+//! Interval statistics of the per-command stages (iscstat): rows read from
+//! the kernel's aggregates, fine log-linear histograms, percentiles.
+
+use crate::events::{Direction, Reader};
+use std::collections::BTreeMap;
+
+pub const STAGES: [&str; 4] = ["WAIT", "SEND", "RESP", "TOTAL"];
+
+/// Bounds [low, high) in ns of a fine bucket of bpf_templates/iscstat.c.
+pub fn bucket_bounds(b: u32) -> (u64, u64) {
+    if b < 16 {
+        return ((b as u64) << 10, ((b as u64) + 1) << 10);
+    }
+    let msb = b / 16 + 3;
+    let sub = (b % 16) as u64;
+    let shift = msb - 4;
+    (((16 + sub) << shift) << 10, ((17 + sub) << shift) << 10)
+}
+
+/// The bucket a value falls in (the same function as the C side; used to test it).
+pub fn fine_bucket(ns: u64) -> u32 {
+    let v = ns >> 10;
+    if v < 16 {
+        return v as u32;
+    }
+    let msb = 63 - v.leading_zeros();
+    (msb - 3) * 16 + ((v >> (msb - 4)) & 15) as u32
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RowKey {
+    pub sid: u32,
+    pub cid: u32,
+    pub host: u32,
+    pub lun: u64,
+    pub dir: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Row {
+    pub count: u64,
+    pub bytes: u64,
+    pub sum: [u64; 4],
+    pub max: [u64; 4],
+    /// per stage: bucket -> count
+    pub hist: [BTreeMap<u32, u64>; 4],
+}
+
+/// `struct row_key` bytes -> (epoch, key)
+pub fn parse_row_key(b: &[u8]) -> Option<(u32, RowKey)> {
+    let mut r = Reader::new(b);
+    let epoch = r.u32()?;
+    let sid = r.u32()?;
+    let cid = r.u32()?;
+    let host = r.u32()?;
+    let lun = r.u64()?;
+    let dir = r.u32()?;
+    Some((epoch, RowKey { sid, cid, host, lun, dir }))
+}
+
+/// Sum the per-CPU copies of `struct row_val` (each 80 bytes, 8-aligned).
+pub fn add_percpu_row(row: &mut Row, values: &[u8], ncpus: usize) {
+    const SZ: usize = 80;
+    for cpu in 0..ncpus {
+        let Some(chunk) = values.get(cpu * SZ..(cpu + 1) * SZ) else { break };
+        let mut r = Reader::new(chunk);
+        row.count += r.u64().unwrap_or(0);
+        row.bytes += r.u64().unwrap_or(0);
+        for i in 0..4 {
+            row.sum[i] += r.u64().unwrap_or(0);
+        }
+        for i in 0..4 {
+            row.max[i] = row.max[i].max(r.u64().unwrap_or(0));
+        }
+    }
+}
+
+/// `struct hist_key` bytes -> (epoch, row, stage, bucket)
+pub fn parse_hist_key(b: &[u8]) -> Option<(u32, RowKey, u32, u32)> {
+    let (epoch, key) = parse_row_key(b.get(..32)?)?;
+    let mut r = Reader::new(b.get(32..)?);
+    Some((epoch, key, r.u32()?, r.u32()?))
+}
+
+impl Row {
+    pub fn avg(&self, stage: usize) -> u64 {
+        self.sum[stage].checked_div(self.count).unwrap_or(0)
+    }
+
+    /// The p-th percentile (0 < p <= 100) of a stage: the midpoint of the
+    /// bucket holding it, clamped to the exact maximum.
+    pub fn percentile(&self, stage: usize, p: f64) -> u64 {
+        let total: u64 = self.hist[stage].values().sum();
+        if total == 0 {
+            return 0;
+        }
+        if p >= 100.0 {
+            return self.max[stage];
+        }
+        let rank = ((p / 100.0) * total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (&b, &n) in &self.hist[stage] {
+            seen += n;
+            if seen >= rank {
+                let (lo, hi) = bucket_bounds(b);
+                return ((lo + hi) / 2).min(self.max[stage]).max(lo.min(self.max[stage]));
+            }
+        }
+        self.max[stage]
+    }
+
+    /// log2 histogram in microseconds (biolatency style): (low_us, high_us, count).
+    pub fn log2_us(&self, stage: usize) -> Vec<(u64, u64, u64)> {
+        let mut slots: BTreeMap<u32, u64> = BTreeMap::new();
+        for (&b, &n) in &self.hist[stage] {
+            let (lo, _) = bucket_bounds(b);
+            let us = lo / 1000;
+            let slot = if us == 0 { 0 } else { 64 - us.leading_zeros() };
+            *slots.entry(slot).or_default() += n;
+        }
+        let Some(&last) = slots.keys().last() else { return Vec::new() };
+        (0..=last)
+            .map(|s| {
+                let (lo, hi) = if s == 0 { (0, 1) } else { (1u64 << (s - 1), (1u64 << s) - 1) };
+                (lo, hi, slots.get(&s).copied().unwrap_or(0))
+            })
+            .collect()
+    }
+}
+
+pub fn dir_name(d: u32, split: bool) -> &'static str {
+    if !split {
+        return "*";
+    }
+    Direction::from_code(d as u8).letter()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_fine_and_consistent() {
+        for ns in [0u64, 1023, 1024, 15 * 1024, 16 * 1024, 17_000, 1_000_000, 1_300_000, 12_345_678, 40_000_000_000] {
+            let b = fine_bucket(ns);
+            let (lo, hi) = bucket_bounds(b);
+            assert!(lo <= ns && ns < hi.max(1024), "{ns} not in bucket {b} [{lo}, {hi})");
+            if ns >= 16 * 1024 {
+                assert!((hi - lo) as f64 / lo as f64 <= 1.0 / 16.0 + 1e-9, "bucket {b} too wide");
+            }
+        }
+        assert_ne!(fine_bucket(1_000_000), fine_bucket(1_300_000), "1.0 ms and 1.3 ms must differ");
+    }
+
+    fn row_with(stage_values: &[u64]) -> Row {
+        let mut r = Row::default();
+        for &v in stage_values {
+            r.count += 1;
+            r.sum[3] += v;
+            r.max[3] = r.max[3].max(v);
+            *r.hist[3].entry(fine_bucket(v)).or_default() += 1;
+        }
+        r
+    }
+
+    #[test]
+    fn percentiles_tell_1_0_from_1_3_ms() {
+        let mut vals = vec![1_000_000u64; 50];
+        vals.extend(vec![1_300_000u64; 50]);
+        let r = row_with(&vals);
+        let p50 = r.percentile(3, 50.0) as f64 / 1e6;
+        let p99 = r.percentile(3, 99.0) as f64 / 1e6;
+        assert!((p50 - 1.0).abs() < 0.04, "p50 {p50}");
+        assert!((p99 - 1.3).abs() < 0.04, "p99 {p99}");
+        assert_eq!(r.percentile(3, 100.0), 1_300_000);
+        assert_eq!(r.avg(3), 1_150_000);
+    }
+
+    #[test]
+    fn log2_histogram_counts_everything() {
+        let r = row_with(&[500, 1_500, 3_000, 3_500, 1_000_000]);
+        let h = r.log2_us(3);
+        assert_eq!(h.iter().map(|x| x.2).sum::<u64>(), 5);
+        assert_eq!(h[0], (0, 1, 1));
+        assert!(h.iter().any(|&(lo, hi, n)| lo <= 1000 && 1000 <= hi && n == 1), "{h:?}");
+    }
+
+    #[test]
+    fn percpu_rows_sum_and_max() {
+        let mut vals = Vec::new();
+        for cpu in 0..2u64 {
+            for x in [3 + cpu, 4096, 10, 20, 30, 60, 5 + cpu, 6, 7, 8] {
+                vals.extend_from_slice(&x.to_ne_bytes());
+            }
+        }
+        let mut r = Row::default();
+        add_percpu_row(&mut r, &vals, 2);
+        assert_eq!(r.count, 7);
+        assert_eq!(r.bytes, 8192);
+        assert_eq!(r.sum, [20, 40, 60, 120]);
+        assert_eq!(r.max, [6, 6, 7, 8]);
+    }
+
+    #[test]
+    fn keys_parse() {
+        let mut b = Vec::new();
+        for x in [1u32, 2, 0, 6] {
+            b.extend_from_slice(&x.to_ne_bytes());
+        }
+        b.extend_from_slice(&1u64.to_ne_bytes());
+        b.extend_from_slice(&2u32.to_ne_bytes());
+        b.extend_from_slice(&0u32.to_ne_bytes());
+        b.extend_from_slice(&3u32.to_ne_bytes());
+        b.extend_from_slice(&77u32.to_ne_bytes());
+        let (e, k, st, bk) = parse_hist_key(&b).unwrap();
+        assert_eq!((e, k.sid, k.host, k.lun, k.dir, st, bk), (1, 2, 6, 1, 2, 3, 77));
+        assert_eq!(dir_name(2, true), "W");
+        assert_eq!(dir_name(2, false), "*");
+    }
+}
