@@ -6,6 +6,9 @@
  * reading and clearing. */
 #define PER_LUN {{PER_LUN}}
 #define PER_DIR {{PER_DIR}}
+/* Exact Prometheus histogram buckets (src/prom.rs LE_NS holds the same
+ * bounds): counted per row, stage and bucket when --prom-file is given. */
+#define PROM {{PROM}}
 
 struct row_key {
     u32 epoch;
@@ -33,6 +36,28 @@ struct hist_key {
 BPF_ARRAY(epoch, u32, 1);
 BPF_PERCPU_HASH(rows, struct row_key, struct row_val, 4096);
 BPF_HASH(hists, struct hist_key, u64, 65536);
+BPF_HASH(prom, struct hist_key, u64, 16384);
+
+static __always_inline u32 le_index(u64 ns)
+{
+    if (ns <= 100000ULL) return 0;
+    if (ns <= 250000ULL) return 1;
+    if (ns <= 500000ULL) return 2;
+    if (ns <= 1000000ULL) return 3;
+    if (ns <= 2500000ULL) return 4;
+    if (ns <= 5000000ULL) return 5;
+    if (ns <= 10000000ULL) return 6;
+    if (ns <= 25000000ULL) return 7;
+    if (ns <= 50000000ULL) return 8;
+    if (ns <= 100000000ULL) return 9;
+    if (ns <= 250000000ULL) return 10;
+    if (ns <= 500000000ULL) return 11;
+    if (ns <= 1000000000ULL) return 12;
+    if (ns <= 2500000000ULL) return 13;
+    if (ns <= 5000000000ULL) return 14;
+    if (ns <= 10000000000ULL) return 15;
+    return 16;
+}
 
 static __always_inline u32 log2_floor(u64 v)
 {
@@ -66,6 +91,11 @@ static __always_inline void add_stage(struct row_val *v, struct hist_key *hk, in
     hk->stage = i;
     hk->bucket = fine_bucket(ns);
     hists.atomic_increment(*hk);
+    if (PROM) {
+        struct hist_key pk = *hk;
+        pk.bucket = le_index(ns);
+        prom.atomic_increment(pk);
+    }
 }
 
 static __always_inline void on_command_done(struct pt_regs *ctx,

@@ -10,6 +10,7 @@ pub mod json;
 pub mod kernel;
 pub mod maps;
 pub mod output;
+pub mod prom;
 pub mod runner;
 pub mod stages;
 pub mod stats;

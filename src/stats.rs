@@ -44,6 +44,8 @@ pub struct Row {
     pub max: [u64; 4],
     /// per stage: bucket -> count
     pub hist: [BTreeMap<u32, u64>; 4],
+    /// per stage: Prometheus bucket counts (src/prom.rs LE_NS, last = +Inf)
+    pub le: [[u64; 17]; 4],
 }
 
 /// `struct row_key` bytes -> (epoch, key)
@@ -83,6 +85,22 @@ pub fn parse_hist_key(b: &[u8]) -> Option<(u32, RowKey, u32, u32)> {
 }
 
 impl Row {
+    /// Fold another row's interval into this one.
+    pub fn merge(&mut self, o: &Row) {
+        self.count += o.count;
+        self.bytes += o.bytes;
+        for i in 0..4 {
+            self.sum[i] += o.sum[i];
+            self.max[i] = self.max[i].max(o.max[i]);
+            for (b, n) in &o.hist[i] {
+                *self.hist[i].entry(*b).or_default() += n;
+            }
+            for j in 0..17 {
+                self.le[i][j] += o.le[i][j];
+            }
+        }
+    }
+
     pub fn avg(&self, stage: usize) -> u64 {
         self.sum[stage].checked_div(self.count).unwrap_or(0)
     }
@@ -199,6 +217,17 @@ mod tests {
         assert_eq!(r.bytes, 8192);
         assert_eq!(r.sum, [20, 40, 60, 120]);
         assert_eq!(r.max, [6, 6, 7, 8]);
+    }
+
+    #[test]
+    fn merge_adds_and_keeps_max() {
+        let mut a = row_with(&[1_000, 2_000]);
+        let b = row_with(&[5_000_000]);
+        a.merge(&b);
+        assert_eq!(a.count, 3);
+        assert_eq!(a.max[3], 5_000_000);
+        assert_eq!(a.sum[3], 5_003_000);
+        assert_eq!(a.hist[3].values().sum::<u64>(), 3);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use storprototrace::stages::{self, StagePlan, TaskLookup};
 use storprototrace::stats::{self, Row, RowKey, STAGES};
 use storprototrace::templates::{self, Template};
 use storprototrace::topology::Topology;
-use storprototrace::{error, json, Error, Result};
+use storprototrace::{error, json, prom, Error, Result};
 
 const EXAMPLES: &str = "examples:
     iscstat              # per session:connection, every second, times in us
@@ -53,6 +53,10 @@ struct Args {
     /// Add initiator and portal to each row
     #[arg(short = 'e', long)]
     extended: bool,
+    /// After each interval, atomically replace PATH with node_exporter
+    /// textfile-collector metrics (cumulative counters and histograms)
+    #[arg(long, value_name = "PATH")]
+    prom_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     filters: Filters,
     #[command(flatten)]
@@ -72,6 +76,9 @@ fn run(args: Args) -> Result<()> {
     }
     args.filters.validate()?;
     let duration = args.common.duration()?;
+    if let Some(p) = &args.prom_file {
+        prom::check_writable(p)?;
+    }
     let kernel = Kernel::detect();
     let topo = Topology::read(std::path::Path::new("/sys"))?;
     let unit = if args.ms { Unit::Ms } else { Unit::Us };
@@ -113,6 +120,7 @@ fn run(args: Args) -> Result<()> {
     let mut topo = topo;
     let mut last = Instant::now();
     let mut last_lost = 0u64;
+    let mut exposition = prom::Exposition::default();
     loop {
         let next = last + Duration::from_secs(args.interval);
         while Instant::now() < next && !stop.stopped() {
@@ -124,6 +132,11 @@ fn run(args: Args) -> Result<()> {
         if let Ok(t) = Topology::read(std::path::Path::new("/sys")) {
             topo = t;
         }
+        if let Some(path) = &args.prom_file {
+            accumulate(&mut exposition, &rows, &topo);
+            exposition.write(path)?;
+        }
+        let rows = shown_rows(&args, rows);
         let mut counters = bpf.table("counters")?;
         let lost = maps::counter(&mut counters, Counter::Lost) + maps::counter(&mut counters, Counter::InflightFull);
         let now = output::monotonic_ns();
@@ -141,10 +154,60 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn render(args: &Args, plan: &StagePlan, filter: &stages::KernelFilter, ringbuf: bool) -> Result<String> {
-    let mut values = vec![("USE_RINGBUF", ringbuf.into()), ("PER_LUN", args.per_lun.into()), ("PER_DIR", args.per_dir.into())];
+    // Prometheus series are always per LUN and direction; the rows shown
+    // are merged back to what -L/-D ask for.
+    let prom = args.prom_file.is_some();
+    let mut values = vec![
+        ("USE_RINGBUF", ringbuf.into()),
+        ("PER_LUN", (args.per_lun || prom).into()),
+        ("PER_DIR", (args.per_dir || prom).into()),
+        ("PROM", prom.into()),
+    ];
     values.extend(plan.values());
     values.extend(filter.values());
     Template::new(&[templates::COMMON, templates::ISCSI_STAGES, templates::ISCSTAT]).render(&values)
+}
+
+/// Rows as -L / -D ask for them (the kernel splits more with --prom-file).
+fn shown_rows(args: &Args, rows: BTreeMap<RowKey, Row>) -> BTreeMap<RowKey, Row> {
+    let mut out: BTreeMap<RowKey, Row> = BTreeMap::new();
+    for (mut k, r) in rows {
+        if !args.per_lun {
+            k.lun = 0;
+        }
+        if !args.per_dir {
+            k.dir = 0;
+        }
+        out.entry(k).or_default().merge(&r);
+    }
+    out
+}
+
+fn accumulate(e: &mut prom::Exposition, rows: &BTreeMap<RowKey, Row>, topo: &Topology) {
+    for (k, r) in rows {
+        let s = topo.session(k.sid);
+        let labels = prom::Labels {
+            sid: k.sid,
+            cid: k.cid,
+            lun: k.lun,
+            direction: match k.dir {
+                1 => "read",
+                2 => "write",
+                _ => "other",
+            },
+            target: s.map(|s| s.target.clone()).unwrap_or_default(),
+            device: s.and_then(|s| s.luns.iter().find(|l| l.lun == k.lun)).and_then(|l| l.disk.clone()).unwrap_or_default(),
+        };
+        let series = e.series.entry(labels).or_default();
+        series.count += r.count;
+        series.bytes += r.bytes;
+        for i in 0..4 {
+            series.sum_ns[i] += r.sum[i];
+            for j in 0..17 {
+                series.buckets[i][j] += r.le[i][j];
+            }
+        }
+    }
 }
 
 fn possible_cpus() -> usize {
@@ -177,6 +240,15 @@ fn collect(bpf: &bcc::BPF, epoch: &mut u32, ncpus: usize) -> Result<BTreeMap<Row
             if e == old {
                 stats::add_percpu_row(rows.entry(key).or_default(), &v, ncpus);
                 maps::delete(&mut rt, &k);
+            }
+        }
+    }
+    let mut pt = bpf.table("prom")?;
+    for (k, v) in maps::entries(&mut pt, 1 << 15) {
+        if let Some((e, key, stage, bucket)) = stats::parse_hist_key(&k) {
+            if e == old && stage < 4 && bucket < 17 {
+                rows.entry(key).or_default().le[stage as usize][bucket as usize] += u64::from_ne_bytes(v[..8].try_into().unwrap());
+                maps::delete(&mut pt, &k);
             }
         }
     }

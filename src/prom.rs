@@ -1,0 +1,155 @@
+//! node_exporter textfile-collector output for iscstat: counters and
+//! Prometheus histograms, cumulative since the tool started, written to a
+//! temporary file and renamed over the target so readers never see half.
+
+use crate::error::{Error, Result};
+use crate::json::escape;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Bucket bounds in ns; bpf_templates/iscstat.c `le_index` has the same.
+pub const LE_NS: [u64; 16] = [
+    100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000, 25_000_000, 50_000_000, 100_000_000,
+    250_000_000, 500_000_000, 1_000_000_000, 2_500_000_000, 5_000_000_000, 10_000_000_000,
+];
+pub const STAGE_LABELS: [&str; 4] = ["wait", "send", "resp", "total"];
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Labels {
+    pub sid: u32,
+    pub cid: u32,
+    pub lun: u64,
+    pub direction: &'static str,
+    pub target: String,
+    pub device: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Series {
+    pub count: u64,
+    pub bytes: u64,
+    pub sum_ns: [u64; 4],
+    /// per stage: non-cumulative counts per LE_NS index, last = +Inf
+    pub buckets: [[u64; 17]; 4],
+}
+
+#[derive(Debug, Default)]
+pub struct Exposition {
+    pub series: BTreeMap<Labels, Series>,
+}
+
+/// Check at start that PATH can be written (its directory exists and is writable).
+pub fn check_writable(path: &Path) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let probe = tmp_path(path);
+    std::fs::File::create(&probe)
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| Error::usage(format!("--prom-file {}: cannot write in {}: {e}", path.display(), dir.display())))
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".tmp.{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+fn label_text(l: &Labels, extra: &str) -> String {
+    format!(
+        "sid=\"{}\",cid=\"{}\",lun=\"{}\",direction=\"{}\",target=\"{}\",device=\"{}\"{extra}",
+        l.sid, l.cid, l.lun, l.direction, escape(&l.target), escape(&l.device)
+    )
+}
+
+fn seconds(ns: u64) -> String {
+    let s = format!("{:.9}", ns as f64 / 1e9);
+    let s = s.trim_end_matches('0');
+    s.strip_suffix('.').map(|x| x.to_string()).unwrap_or_else(|| s.to_string())
+}
+
+impl Exposition {
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        o.push_str("# HELP iscsi_commands_total SCSI commands completed with a response by the iSCSI initiator.\n# TYPE iscsi_commands_total counter\n");
+        for (l, s) in &self.series {
+            o.push_str(&format!("iscsi_commands_total{{{}}} {}\n", label_text(l, ""), s.count));
+        }
+        o.push_str("# HELP iscsi_bytes_total Bytes transferred by those commands.\n# TYPE iscsi_bytes_total counter\n");
+        for (l, s) in &self.series {
+            o.push_str(&format!("iscsi_bytes_total{{{}}} {}\n", label_text(l, ""), s.bytes));
+        }
+        o.push_str("# HELP iscsi_command_stage_seconds Time of each stage of iSCSI commands: wait (queued in libiscsi), send (handed to TCP), resp (waiting for the target), total.\n# TYPE iscsi_command_stage_seconds histogram\n");
+        for (l, s) in &self.series {
+            for (i, stage) in STAGE_LABELS.iter().enumerate() {
+                let mut cum = 0;
+                for (j, le) in LE_NS.iter().enumerate() {
+                    cum += s.buckets[i][j];
+                    o.push_str(&format!("iscsi_command_stage_seconds_bucket{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\",le=\"{}\"", seconds(*le)))));
+                }
+                cum += s.buckets[i][16];
+                o.push_str(&format!("iscsi_command_stage_seconds_bucket{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\",le=\"+Inf\""))));
+                o.push_str(&format!("iscsi_command_stage_seconds_sum{{{}}} {}\n", label_text(l, &format!(",stage=\"{stage}\"")), seconds(s.sum_ns[i])));
+                o.push_str(&format!("iscsi_command_stage_seconds_count{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\""))));
+            }
+        }
+        o
+    }
+
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let tmp = tmp_path(path);
+        let r = std::fs::File::create(&tmp).and_then(|mut f| {
+            f.write_all(self.render().as_bytes())?;
+            f.sync_all()
+        });
+        r.and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::env(format!("--prom-file {}: {e}", path.display()))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_cumulative_buckets() {
+        let mut e = Exposition::default();
+        let mut s = Series { count: 3, bytes: 12288, ..Default::default() };
+        s.sum_ns[3] = 1_500_000;
+        s.buckets[3][0] = 1; // <= 100us
+        s.buckets[3][3] = 1; // <= 1ms
+        s.buckets[3][16] = 1; // > 10s
+        let l = Labels { sid: 1, cid: 0, lun: 0, direction: "read", target: "iqn.x:\"t\"".into(), device: "sda".into() };
+        e.series.insert(l, s);
+        let t = e.render();
+        assert!(t.contains(r#"iscsi_commands_total{sid="1",cid="0",lun="0",direction="read",target="iqn.x:\"t\"",device="sda"} 3"#), "{t}");
+        assert!(t.contains(r#"stage="total",le="0.0001"} 1"#));
+        assert!(t.contains(r#"stage="total",le="0.001"} 2"#));
+        assert!(t.contains(r#"stage="total",le="10"} 2"#));
+        assert!(t.contains(r#"stage="total",le="+Inf"} 3"#));
+        assert!(t.contains(r#"iscsi_command_stage_seconds_sum{sid="1",cid="0",lun="0",direction="read",target="iqn.x:\"t\"",device="sda",stage="total"} 0.0015"#));
+        assert!(t.contains(r#"iscsi_command_stage_seconds_count{sid="1",cid="0",lun="0",direction="read",target="iqn.x:\"t\"",device="sda",stage="wait"} 0"#));
+    }
+
+    #[test]
+    fn template_has_the_same_bounds() {
+        for le in LE_NS {
+            assert!(crate::templates::ISCSTAT.contains(&format!("ns <= {le}ULL")), "{le} missing from iscstat.c");
+        }
+    }
+
+    #[test]
+    fn writes_atomically_and_checks_the_directory() {
+        let d = std::env::temp_dir().join(format!("stpt-prom-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("iscsi.prom");
+        check_writable(&p).unwrap();
+        Exposition::default().write(&p).unwrap();
+        assert!(std::fs::read_to_string(&p).unwrap().contains("# TYPE iscsi_commands_total counter"));
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1, "no temporary file left");
+        let e = check_writable(Path::new("/nonexistent-dir/x.prom")).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().starts_with("--prom-file /nonexistent-dir/x.prom: cannot write in /nonexistent-dir"));
+    }
+}
