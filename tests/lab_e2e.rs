@@ -112,15 +112,22 @@ fn isclatency_netem_delay_is_resp_time() {
     check_sane(&cmds, out.elapsed);
     let n = cmds.len() as f64;
     let mean = |k: &str| cmds.iter().map(|c| c.get(k).u64() as f64).sum::<f64>() / n;
-    let min_resp = cmds.iter().map(|c| c.get("resp_ns").u64()).min().unwrap();
+    let min_send_resp = cmds.iter().map(|c| c.get("send_ns").u64() + c.get("resp_ns").u64()).min().unwrap();
+    let mut resp: Vec<u64> = cmds.iter().map(|c| c.get("resp_ns").u64()).collect();
+    resp.sort();
+    let resp_p10 = resp[resp.len() / 10];
     let max_wait_send = cmds.iter().map(|c| c.get("wait_ns").u64() + c.get("send_ns").u64()).max().unwrap();
     let ratio = mean("total_ns") / f.clat_mean_ns();
     println!(
-        "netem 5 ms: {} commands; RESP min {:.3} ms mean {:.3} ms; WAIT mean {:.3} ms, SEND mean {:.3} ms, WAIT+SEND max {:.3} ms",
-        cmds.len(), ms(min_resp), mean("resp_ns") / 1e6, mean("wait_ns") / 1e6, mean("send_ns") / 1e6, ms(max_wait_send)
+        "netem 5 ms: {} commands; RESP p10 {:.3} ms mean {:.3} ms; SEND+RESP min {:.3} ms; WAIT mean {:.3} ms, SEND mean {:.3} ms, WAIT+SEND max {:.3} ms",
+        cmds.len(), ms(resp_p10), mean("resp_ns") / 1e6, ms(min_send_resp), mean("wait_ns") / 1e6, mean("send_ns") / 1e6, ms(max_wait_send)
     );
     println!("mean TOTAL {:.3} ms vs fio mean clat {:.3} ms: ratio {ratio:.3}", mean("total_ns") / 1e6, f.clat_mean_ns() / 1e6);
-    assert!(min_resp >= 10_000_000, "a response came back faster than two 5 ms crossings");
+    // From PDU preparation to the response, a command crosses the delay twice.
+    assert!(min_send_resp >= 10_000_000, "a response came back faster than two 5 ms crossings");
+    // SEND ends when the send call returns, which a descheduled xmit worker
+    // can delay past the moment the bytes left: so the bound is on 90%.
+    assert!(resp_p10 >= 10_000_000, "the delay must show up as RESP");
     assert!(mean("wait_ns") < 2e6 && mean("send_ns") < 2e6, "WAIT/SEND should be far below the delay");
     assert!(ratio > 0.5 && ratio <= 1.02, "the driver's share of fio's latency must be at most all of it");
 
@@ -240,7 +247,9 @@ fn isclatency_survives_connection_loss_and_relogin() {
     let on_new = cmds.iter().filter(|c| c.get("sid").u64() == new_sid).count() as u64;
     println!("after re-login: session {new_sid} ({disk}) fio {} / traced {on_new}; summary: {}", after.ios(), out.stderr.lines().last().unwrap_or(""));
     assert!(on_new >= after.ios(), "commands of the new session are missing");
-    assert!(cmds.iter().filter(|c| c.get("sid").u64() == new_sid).all(|c| c.get("disk").str() == disk));
+    // fio's 4 KiB reads on the new session's LUN 0 are named with its new disk
+    // (the SCSI scan's own commands at login come before the disk exists).
+    assert!(cmds.iter().filter(|c| c.get("sid").u64() == new_sid && c.get("lun").u64() == 0 && c.get("bytes").u64() == 4096).all(|c| c.get("disk").str() == disk));
     assert_eq!(out.summary("still in flight"), 0, "stale entries left in the in-flight map");
     assert!(out.summary("ended without a response") > 0, "the outage should have failed some commands");
 }
