@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod error;
 pub mod events;
+pub mod freeze;
 pub mod json;
 pub mod kernel;
 pub mod maps;

@@ -14,6 +14,8 @@ pub const ISCSI_STAGES: &str = include_str!("../bpf_templates/iscsi_stages.c");
 pub const ISCLATENCY: &str = include_str!("../bpf_templates/isclatency.c");
 pub const ISCSTAT: &str = include_str!("../bpf_templates/iscstat.c");
 pub const ISCCOUNT: &str = include_str!("../bpf_templates/isccount.c");
+pub const SUBMITSLOWER: &str = include_str!("../bpf_templates/submitslower.c");
+pub const ISCFREEZE: &str = include_str!("../bpf_templates/iscfreeze.c");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Value {

@@ -134,6 +134,8 @@ pub fn bin(name: &str) -> String {
     match name {
         "isclatency" => env!("CARGO_BIN_EXE_isclatency").to_string(),
         "iscstat" => env!("CARGO_BIN_EXE_iscstat").to_string(),
+        "submitslower" => env!("CARGO_BIN_EXE_submitslower").to_string(),
+        "iscfreeze" => env!("CARGO_BIN_EXE_iscfreeze").to_string(),
         other => panic!("unknown tool {other}"),
     }
 }

@@ -1,0 +1,234 @@
+//! End-to-end tests of iscfreeze and submitslower against a real iSCSI
+//! session, inside the lab VM (run with --ignored through tests/lab/run; see
+//! the report in tools/iscfreeze_example.txt). Outside the VM they are ignored.
+
+mod support;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use storprototrace::output::monotonic_ns;
+use support::json::Json;
+use support::*;
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn scheduler(disk: &str) -> String {
+    let text = std::fs::read_to_string(format!("/sys/block/{disk}/queue/scheduler")).unwrap();
+    text.split_whitespace().find(|s| s.starts_with('[')).unwrap().trim_matches(|c| c == '[' || c == ']').to_string()
+}
+
+/// Switch the scheduler from a shell of its own: (pid of that shell, start, end).
+fn switch(disk: &str, to: &str) -> (u32, u64, u64) {
+    let t0 = monotonic_ns();
+    let child = Command::new("sh").arg("-c").arg(format!("echo {to} > /sys/block/{disk}/queue/scheduler")).spawn().unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    (pid, t0, monotonic_ns())
+}
+
+struct Run {
+    freezes: Vec<Json>,
+    quiesces: Vec<Json>,
+    slow: Vec<Json>,
+    switches: Vec<(u32, u64, u64)>,
+    fio: Fio,
+    fio_pid: u32,
+}
+
+/// fio writing to `disk` for `secs` seconds with iscfreeze and submitslower
+/// running; `k` scheduler switches (none <-> mq-deadline) in the middle.
+fn run_with_switches(disk: &str, k: usize, secs: u64) -> Run {
+    let fz = start("iscfreeze", &["--json", "-u", "0"]);
+    let ss = start("submitslower", &["--json", "-m", "1", "--iscsi"]);
+    let job = fio_cmd(disk, "randwrite", 10_000_000, 8, &["--time_based", &format!("--runtime={secs}")]).spawn().unwrap();
+    let fio_pid = job.id();
+    std::thread::sleep(Duration::from_secs(3));
+    let mut switches = Vec::new();
+    for i in 0..k {
+        let to = if scheduler(disk) == "none" { "mq-deadline" } else { "none" };
+        switches.push(switch(disk, to));
+        if i + 1 < k {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+    }
+    let f = fio_result(job.wait_with_output().unwrap());
+    let (fz, ss) = (fz.stop(), ss.stop());
+    assert!(fz.status.success(), "iscfreeze: {}", fz.stderr);
+    assert!(ss.status.success(), "submitslower: {}", ss.stderr);
+    let events = fz.json();
+    let on = |kind: &str| events.iter().filter(|e| e.get("kind").str() == kind && e.get("disk").str() == disk).cloned().collect::<Vec<_>>();
+    let others: Vec<&Json> = events.iter().filter(|e| e.get("disk").str() != disk).collect();
+    assert!(others.is_empty(), "freezes/quiesces on other disks: {others:?}");
+    println!("iscfreeze summary:\n{}", fz.stderr.lines().filter(|l| !l.starts_with("Tracing")).collect::<Vec<_>>().join("\n"));
+    Run { freezes: on("freeze"), quiesces: on("quiesce"), slow: ss.json(), switches, fio: f, fio_pid }
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let d = lab.disks[0].clone();
+    let k = 4;
+    let r = run_with_switches(&d, k, 12);
+    println!("{k} switches on {d} during fio ({} I/Os, {:.0} IOPS): {} freezes, {} quiesces", r.fio.ios(), r.fio.ios() as f64 * 1000.0 / r.fio.runtime_ms, r.freezes.len(), r.quiesces.len());
+    for f in &r.freezes {
+        println!(
+            "  freeze by {} {}: frozen {:.3} ms, waiters {} (max {:.3} ms, total {:.3} ms); stack {}",
+            f.get("comm").str(), f.get("pid").u64(), ms(f.get("frozen_ns").u64()), f.get("waiters").u64(),
+            ms(f.get("wait_max_ns").u64()), ms(f.get("wait_total_ns").u64()), f.get("stack").str()
+        );
+    }
+    // 6.1: elevator_switch() freezes once per switch (and quiesces inside the freeze).
+    assert_eq!(r.freezes.len(), k, "one freeze per scheduler switch");
+    let pids: Vec<u64> = r.switches.iter().map(|s| s.0 as u64).collect();
+    for (f, (pid, t0, t1)) in r.freezes.iter().zip(&r.switches) {
+        assert_eq!(f.get("comm").str(), "sh", "started by the writing shell: {f:?}");
+        assert_eq!(f.get("pid").u64(), *pid as u64, "freezes in switch order, each by its writer: {f:?} (writers {pids:?})");
+        let stack = f.get("stack").str();
+        assert!(stack.contains("elevator_switch") || stack.contains("elevator_change"), "stack shows the elevator switch: {stack}");
+        assert!(stack.contains("elv_iosched_store"), "{stack}");
+        let (s, e) = (f.get("start_ns").u64(), f.get("end_ns").u64());
+        assert!(e > s && f.get("frozen_ns").u64() == e - s, "{f:?}");
+        assert!(s >= *t0 && e <= *t1, "the freeze lies inside the write to the scheduler file: {f:?} vs {t0}..{t1}");
+        assert_eq!(f.get("waits_seen").u64(), f.get("waiters").u64(), "every waiter's wait arrived");
+    }
+    let delayed: u64 = r.freezes.iter().map(|f| f.get("waiters").u64()).sum();
+    println!("I/O delayed behind the {k} freezes: {delayed} submissions");
+    for q in &r.quiesces {
+        assert!(q.get("stack").str().contains("elevator_switch"), "{q:?}");
+        assert!(q.get("waiters") == &Json::Null);
+    }
+
+    // submitslower: fio's slow submissions, those during a switch and the others.
+    let fio_slow: Vec<&Json> = r.slow.iter().filter(|s| s.get("disk").str() == d && s.get("comm").str() == "fio").collect();
+    assert!(r.slow.iter().all(|s| s.get("lat_ns").u64() >= 1_000_000));
+    let during = |s: &Json| {
+        let end = s.get("end_ns").u64();
+        let begin = end - s.get("lat_ns").u64();
+        r.freezes.iter().any(|f| begin <= f.get("end_ns").u64() && end >= f.get("start_ns").u64())
+    };
+    let in_switch: Vec<&Json> = fio_slow.iter().copied().filter(|s| during(s)).collect();
+    let max_in = in_switch.iter().map(|s| s.get("lat_ns").u64()).max().unwrap_or(0);
+    let max_out = fio_slow.iter().copied().filter(|s| !during(s)).map(|s| s.get("lat_ns").u64()).max().unwrap_or(0);
+    println!(
+        "submitslower -m 1 --iscsi: {} slow submissions by fio (pid {}), {} overlapping a freeze (max {:.3} ms), max elsewhere {:.3} ms",
+        fio_slow.len(), r.fio_pid, in_switch.len(), ms(max_in), ms(max_out)
+    );
+    // Seen once in the lab (6.1, nomerges=2, udevd stopped): each switch held
+    // fio once in __bio_queue_enter; a run without quiet_disks saw no waiter.
+    assert!(delayed > 0, "fio waited behind at least one freeze");
+    assert!(max_in > max_out, "fio's slowest submissions are those during a freeze");
+
+    // The same run without switching: no freeze at all.
+    let before = scheduler(&d);
+    let r0 = run_with_switches(&d, 0, 12);
+    assert_eq!(scheduler(&d), before);
+    let fio_slow0 = r0.slow.iter().filter(|s| s.get("comm").str() == "fio").count();
+    println!("no switching: {} I/Os, {} freezes, {} quiesces, {fio_slow0} slow submissions by fio", r0.fio.ios(), r0.freezes.len(), r0.quiesces.len());
+    assert_eq!(r0.freezes.len(), 0, "no freeze without a switch: {:?}", r0.freezes);
+    assert_eq!(r0.quiesces.len(), 0, "no quiesce without a switch: {:?}", r0.quiesces);
+}
+
+/// Session state of a session, polled with CLOCK_MONOTONIC timestamps.
+fn poll_state(sid: u32, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, Arc<Mutex<Vec<(u64, String)>>>) {
+    let log = Arc::new(Mutex::new(Vec::<(u64, String)>::new()));
+    let l = log.clone();
+    let h = std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            let s = std::fs::read_to_string(format!("/sys/class/iscsi_session/session{sid}/state")).unwrap_or_default().trim().to_string();
+            let mut v = l.lock().unwrap();
+            if v.last().map(|(_, x)| x != &s).unwrap_or(true) {
+                v.push((monotonic_ns(), s));
+            }
+            drop(v);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    (h, log)
+}
+
+/// `[  123.456789] text` lines of the kernel log containing `what`, as ns since boot.
+fn kernel_log(what: &str) -> Vec<u64> {
+    sh("dmesg")
+        .lines()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            let ts = l.strip_prefix('[')?.split(']').next()?.trim();
+            let (s, frac) = ts.split_once('.')?;
+            Some(s.parse::<u64>().ok()? * 1_000_000_000 + frac.parse::<u64>().ok()? * 1000)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+fn connection_loss_is_a_quiesce_from_failure_to_relogin() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let d = lab.disks[0].clone();
+    let sid = sid_of(&d);
+    let fz = start("iscfreeze", &["--json"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (poller, states) = poll_state(sid, stop.clone());
+    let job = fio_cmd(&d, "randread", 10_000_000, 4, &["--time_based", "--runtime=55"]).spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let (loss_on, loss_off);
+    {
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+        sh("tc qdisc add dev lo root netem loss 100%");
+        loss_on = monotonic_ns();
+        std::thread::sleep(Duration::from_secs(30));
+        sh("tc qdisc del dev lo root");
+        loss_off = monotonic_ns();
+    }
+    let f = fio_result(job.wait_with_output().unwrap());
+    // Wait for the session to be back before stopping the tracer.
+    for _ in 0..300 {
+        if states.lock().unwrap().last().map(|(_, s)| s == "LOGGED_IN").unwrap_or(false) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let out = fz.stop();
+    stop.store(true, Ordering::SeqCst);
+    poller.join().unwrap();
+    assert!(out.status.success(), "{}", out.stderr);
+    let events = out.json();
+    let states = states.lock().unwrap().clone();
+    let conn_err = kernel_log(&format!("connection{sid}:0: detected conn error"));
+    println!("fio through the outage: {} I/Os; loss on {:.3} s, off {:.3} s (monotonic)", f.ios(), loss_on as f64 / 1e9, loss_off as f64 / 1e9);
+    println!("session {sid} states: {:?}", states.iter().map(|(t, s)| format!("{s}@{:.3}", *t as f64 / 1e9)).collect::<Vec<_>>());
+    println!("kernel log 'detected conn error' on connection{sid}:0 at {:?} s", conn_err.iter().map(|t| *t as f64 / 1e9).collect::<Vec<_>>());
+    for e in &events {
+        println!(
+            "  {} {} by {} {}: {:.3} s .. {:.3} s = {:.3} s; stack {}",
+            e.get("kind").str(), e.get("disk").str(), e.get("comm").str(), e.get("pid").u64(),
+            e.get("start_ns").u64() as f64 / 1e9, e.get("end_ns").u64() as f64 / 1e9, e.get("frozen_ns").u64() as f64 / 1e9, e.get("stack").str()
+        );
+    }
+    assert!(events.iter().all(|e| e.get("kind").str() == "quiesce"), "a connection loss freezes nothing");
+    let lab_disks: Vec<&str> = lab.disks.iter().map(String::as_str).collect();
+    assert!(events.iter().all(|e| lab_disks.contains(&e.get("disk").str())), "only iSCSI disks");
+    let q: Vec<&Json> = events.iter().filter(|e| e.get("disk").str() == d).collect();
+    assert_eq!(q.len(), 1, "one quiesce of {d} for the outage: {q:?}");
+    let q = q[0];
+    let (qs, qe) = (q.get("start_ns").u64(), q.get("end_ns").u64());
+    let err = *conn_err.last().expect("the kernel logged the connection error");
+    let relogin = states.iter().rev().find(|(_, s)| s == "LOGGED_IN").map(|(t, _)| *t).unwrap();
+    let failed = states.iter().find(|(_, s)| s == "FAILED").map(|(t, _)| *t).expect("the session went FAILED");
+    println!(
+        "quiesce of {d}: starts {:+.3} s after the conn error (session FAILED at {:+.3} s), ends {:+.3} s after the session is LOGGED_IN again",
+        (qs as f64 - err as f64) / 1e9, (failed as f64 - err as f64) / 1e9, (qe as f64 - relogin as f64) / 1e9
+    );
+    assert!(qs > loss_on && qe > loss_off, "the quiesce is the outage's");
+    assert!(qs + 1_000_000_000 >= err && qs <= err + 5_000_000_000, "quiesce starts at the connection error");
+    assert!(qe + 2_000_000_000 >= relogin && qe <= relogin + 2_000_000_000, "quiesce ends at the re-login");
+    assert!(qe - qs >= 15_000_000_000, "the stall lasts most of the outage");
+}
