@@ -10,10 +10,6 @@ BPF_RINGBUF_OUTPUT(events, 256);
 #else
 BPF_PERF_OUTPUT(events);
 #endif
-/* bcc rewrites map calls only outside macros, so submitting is written out
- * in each program as:
- *   #if USE_RINGBUF  rc = events.ringbuf_output(&e, sizeof(e), 0);
- *   #else            rc = events.perf_submit(ctx, &e, sizeof(e));  */
 
 /* counters[i]: see src/maps.rs (Counter) for the meaning of each slot. */
 #define CTR_LOST 0
@@ -27,4 +23,17 @@ static __always_inline void count(int slot)
     u64 *v = counters.lookup(&slot);
     if (v)
         __sync_fetch_and_add(v, 1);
+}
+
+/* Send one event; a full buffer is counted as lost, never silent.
+ * (bcc rewrites map calls only outside macros, hence a function.) */
+static __always_inline void submit_event(void *ctx, void *ev, u32 size)
+{
+#if USE_RINGBUF
+    int rc = events.ringbuf_output(ev, size, 0);
+#else
+    int rc = events.perf_submit(ctx, ev, size);
+#endif
+    if (rc != 0)
+        count(CTR_LOST);
 }

@@ -168,13 +168,7 @@ static __always_inline int end(struct pt_regs *ctx, struct request_queue *q, u32
     }
     if (e.end - e.start < MIN_NS)
         return 0;
-#if USE_RINGBUF
-    int rc = events.ringbuf_output(&e, sizeof(e), 0);
-#else
-    int rc = events.perf_submit(ctx, &e, sizeof(e));
-#endif
-    if (rc != 0)
-        count(CTR_LOST);
+    submit_event(ctx, &e, sizeof(e));
     return 0;
 }
 
@@ -261,12 +255,6 @@ int wait_return(struct pt_regs *ctx)
         if (e.value > t->max_wait_ns)
             t->max_wait_ns = e.value;
     }
-#if USE_RINGBUF
-    int rc = events.ringbuf_output(&e, sizeof(e), 0);
-#else
-    int rc = events.perf_submit(ctx, &e, sizeof(e));
-#endif
-    if (rc != 0)
-        count(CTR_LOST);
+    submit_event(ctx, &e, sizeof(e));
     return 0;
 }

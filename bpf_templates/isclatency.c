@@ -46,11 +46,5 @@ static __always_inline void on_command_done(struct pt_regs *ctx,
     e.dir = f->dir;
     e.opcode = f->opcode;
     __builtin_memcpy(&e.comm, f->comm, sizeof(e.comm));
-#if USE_RINGBUF
-    int rc = events.ringbuf_output(&e, sizeof(e), 0);
-#else
-    int rc = events.perf_submit(ctx, &e, sizeof(e));
-#endif
-    if (rc != 0)
-        count(CTR_LOST);
+    submit_event(ctx, &e, sizeof(e));
 }

@@ -106,12 +106,6 @@ int submit_return(struct pt_regs *ctx)
     e.pid = id >> 32;
     e.tid = (u32)id;
     bpf_get_current_comm(&e.comm, sizeof(e.comm));
-#if USE_RINGBUF
-    int rc = events.ringbuf_output(&e, sizeof(e), 0);
-#else
-    int rc = events.perf_submit(ctx, &e, sizeof(e));
-#endif
-    if (rc != 0)
-        count(CTR_LOST);
+    submit_event(ctx, &e, sizeof(e));
     return 0;
 }

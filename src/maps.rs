@@ -18,31 +18,20 @@ pub enum Counter {
 /// Every (key, value) pair of a hash map, each key once. Bounded by `limit`
 /// so a map that changes under us cannot keep us here.
 pub fn entries(table: &mut Table, limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let fd = table.fd();
-    let ksz = table.key_size();
     let vsz = table.leaf_size();
-    let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    let mut key = vec![0u8; ksz];
-    let mut rc = unsafe { bpf_get_first_key(fd, key.as_mut_ptr() as *mut c_void, ksz) };
-    while rc >= 0 && out.len() < limit {
-        let mut val = vec![0u8; vsz];
-        let found = unsafe { bpf_lookup_elem(fd, key.as_mut_ptr() as *mut c_void, val.as_mut_ptr() as *mut c_void) } >= 0;
-        if found && !out.iter().any(|(k, _)| *k == key) {
-            out.push((key.clone(), val));
-        }
-        let mut next = vec![0u8; ksz];
-        rc = unsafe { bpf_get_next_key(fd, key.as_mut_ptr() as *mut c_void, next.as_mut_ptr() as *mut c_void) };
-        key = next;
-    }
-    out
+    walk(table, vsz, limit)
 }
 
 /// Entries of a per-CPU hash map: each value holds `ncpus` copies, each
 /// rounded up to 8 bytes.
 pub fn percpu_entries(table: &mut Table, ncpus: usize, limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let vsz = table.leaf_size().div_ceil(8) * 8 * ncpus;
+    walk(table, vsz, limit)
+}
+
+fn walk(table: &mut Table, vsz: usize, limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
     let fd = table.fd();
     let ksz = table.key_size();
-    let vsz = table.leaf_size().div_ceil(8) * 8 * ncpus;
     let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut key = vec![0u8; ksz];
     let mut rc = unsafe { bpf_get_first_key(fd, key.as_mut_ptr() as *mut c_void, ksz) };

@@ -112,6 +112,21 @@ pub fn status(json: bool, out: &mut Out, s: &str) {
     }
 }
 
+/// The exit summary: after a blank line on stdout, or on stderr with --json.
+pub fn summary(json: bool, out: &mut Out, lines: &[String]) {
+    if json {
+        for l in lines {
+            eprintln!("{l}");
+        }
+    } else if !out.closed() {
+        out.line("");
+        for l in lines {
+            out.line(l);
+        }
+        out.flush();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

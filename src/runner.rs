@@ -112,6 +112,26 @@ impl Events {
     }
 }
 
+/// Hand every record to `show` until stopped or stdout is gone, then the
+/// records already buffered. `show` returns false when output must stop.
+pub fn print_events(events: &mut Events, stop: &Stop, out: &mut crate::output::Out, mut show: impl FnMut(&[u8], &mut crate::output::Out) -> bool) {
+    'outer: while !stop.stopped() && !out.closed() {
+        for rec in events.poll(stop.poll_ms(100)) {
+            if !show(&rec, out) {
+                break 'outer;
+            }
+        }
+    }
+    if !out.closed() {
+        for rec in events.poll(0) {
+            if !show(&rec, out) {
+                break;
+            }
+        }
+    }
+    out.flush();
+}
+
 /// Ctrl-C, SIGTERM, SIGHUP, or the end of `--duration`.
 #[derive(Clone)]
 pub struct Stop {

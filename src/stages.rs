@@ -122,6 +122,47 @@ impl StagePlan {
     }
 }
 
+/// What `--ebpf` renders, with neither root nor iSCSI: the plan for the
+/// running kernel where it can be read, else for a kernel that has every
+/// probe point; filters resolved where sessions exist, else assumed.
+pub fn plan_for_ebpf(kernel: &Kernel, topo: &crate::topology::Topology, filters: &crate::cli::Filters) -> Result<(StagePlan, KernelFilter)> {
+    let plan = StagePlan::choose(kernel, TaskLookup::PrivateData).unwrap_or_else(|_| StagePlan::assume_all(TaskLookup::PrivateData));
+    let task_lookup = TaskLookup::from_headers(&header_dirs(kernel)).unwrap_or(plan.task_lookup);
+    let filter = if topo.sessions.is_empty() { filters.assume_sets() } else { filters.resolve(topo)? };
+    Ok((StagePlan { task_lookup, ..plan }, filter))
+}
+
+/// The checks and choices before tracing iSCSI commands for real: a filter
+/// naming something that does not exist is the user's mistake and is said
+/// first; then root, headers, modules and sessions; then the probe plan.
+pub fn prepare(kernel: &Kernel, topo: &crate::topology::Topology, filters: &crate::cli::Filters) -> Result<(StagePlan, KernelFilter)> {
+    if filters.any_session_filter() {
+        filters.resolve(topo)?;
+    }
+    crate::runner::preflight(kernel, true)?;
+    if topo.sessions.is_empty() {
+        return Err(Error::no_sessions());
+    }
+    let filter = filters.resolve(topo)?;
+    let plan = StagePlan::choose(kernel, TaskLookup::from_headers(&header_dirs(kernel))?)?;
+    Ok((plan, filter))
+}
+
+impl StagePlan {
+    /// Say once at start what this kernel cannot give; with -v, every probe.
+    pub fn announce(&self, tool: &str, kernel: &Kernel, verbose: bool) {
+        if verbose {
+            eprintln!("kernel {}: functions from {:?}, ring buffer: {}, task lookup: {:?}", kernel.release, kernel.source, kernel.ringbuf, self.task_lookup);
+            for p in &self.probes {
+                eprintln!("probe {}", p.describe());
+            }
+        }
+        for n in &self.notes {
+            eprintln!("{tool}: note: {n}");
+        }
+    }
+}
+
 /// Filters every stage program applies in the kernel, resolved to numbers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KernelFilter {

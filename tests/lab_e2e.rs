@@ -81,19 +81,6 @@ fn isclatency_exact_count_on_one_disk() {
     assert_eq!(out.summary("commands shown"), f.ios());
 }
 
-struct Netem;
-impl Netem {
-    fn add(spec: &str) -> Netem {
-        let _ = std::process::Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
-        sh(&format!("tc qdisc add dev lo root netem {spec}"));
-        Netem
-    }
-}
-impl Drop for Netem {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
-    }
-}
 
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]

@@ -283,16 +283,7 @@ fn run(args: Args) -> Result<()> {
             lines.push("(no freeze or quiesce seen)".into());
         }
         lines.push(format!("{} freezes/quiesces shown, {still} still frozen or quiesced, {lost} events lost", view.shown));
-        if args.common.json {
-            for l in lines {
-                eprintln!("{l}");
-            }
-        } else {
-            out.line("");
-            for l in lines {
-                out.line(&l);
-            }
-        }
+        output::summary(args.common.json, &mut out, &lines);
     }
     Ok(())
 }

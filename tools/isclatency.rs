@@ -9,10 +9,10 @@ use storprototrace::kernel::Kernel;
 use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out, Unit};
 use storprototrace::runner::{self, Events, Stop};
-use storprototrace::stages::{self, KernelFilter, StagePlan, TaskLookup};
+use storprototrace::stages::{self, KernelFilter, StagePlan};
 use storprototrace::templates::{self, Template};
 use storprototrace::topology::Topology;
-use storprototrace::{error, json, Error, Result};
+use storprototrace::{error, json, Result};
 
 const ABOUT: &str = "Trace iSCSI commands slower than a threshold, with where their time went.
 
@@ -67,34 +67,13 @@ fn run(args: Args) -> Result<()> {
     if args.common.ebpf {
         // No root, no iSCSI needed: for the running kernel where it can be
         // read, else for a kernel that has every probe point.
-        let plan = StagePlan::choose(&kernel, TaskLookup::PrivateData).unwrap_or_else(|_| StagePlan::assume_all(TaskLookup::PrivateData));
-        let lookup = TaskLookup::from_headers(&stages::header_dirs(&kernel)).unwrap_or(plan.task_lookup);
-        let filter = if topo.sessions.is_empty() { args.filters.assume_sets() } else { args.filters.resolve(&topo)? };
-        println!("{}", render(&StagePlan { task_lookup: lookup, ..plan }, &filter, min_us, kernel.ringbuf || kernel.function_count() == 0)?);
+        let (plan, filter) = stages::plan_for_ebpf(&kernel, &topo, &args.filters)?;
+        println!("{}", render(&plan, &filter, min_us, kernel.ringbuf || kernel.function_count() == 0)?);
         return Ok(());
     }
 
-    // A filter naming something that does not exist is the user's mistake:
-    // say so before anything about the machine.
-    if args.filters.any_session_filter() {
-        args.filters.resolve(&topo)?;
-    }
-    runner::preflight(&kernel, true)?;
-    if topo.sessions.is_empty() {
-        return Err(Error::no_sessions());
-    }
-    let filter = args.filters.resolve(&topo)?;
-    let lookup = TaskLookup::from_headers(&stages::header_dirs(&kernel))?;
-    let plan = StagePlan::choose(&kernel, lookup)?;
-    if args.common.verbose {
-        eprintln!("kernel {}: functions from {:?}, ring buffer: {}, task lookup: {:?}", kernel.release, kernel.source, kernel.ringbuf, plan.task_lookup);
-        for p in &plan.probes {
-            eprintln!("probe {}", p.describe());
-        }
-    }
-    for n in &plan.notes {
-        eprintln!("isclatency: note: {n}");
-    }
+    let (plan, filter) = stages::prepare(&kernel, &topo, &args.filters)?;
+    plan.announce("isclatency", &kernel, args.common.verbose);
     let text = render(&plan, &filter, min_us, kernel.ringbuf)?;
     let mut bpf = runner::compile(&text)?;
     filter.load_sets(&bpf)?;
@@ -111,42 +90,19 @@ fn run(args: Args) -> Result<()> {
         out.line(&view.header());
     }
     let mut shown: u64 = 0;
-    while !stop.stopped() && !out.closed() {
-        for rec in events.poll(stop.poll_ms(100)) {
-            let Some(cmd) = Command::parse(&rec) else { continue };
-            let line = if args.common.json { view.json(&cmd) } else { view.row(&cmd) };
-            if !out.line(&line) {
-                break;
-            }
-            shown += 1;
-        }
-    }
-    // Drain what is already in the buffer, then summarise.
-    if !out.closed() {
-        for rec in events.poll(0) {
-            if let Some(cmd) = Command::parse(&rec) {
-                let line = if args.common.json { view.json(&cmd) } else { view.row(&cmd) };
-                if out.line(&line) {
-                    shown += 1;
-                }
-            }
-        }
-    }
-    out.flush();
+    runner::print_events(&mut events, &stop, &mut out, |rec, out| {
+        let Some(cmd) = Command::parse(rec) else { return true };
+        let line = if args.common.json { view.json(&cmd) } else { view.row(&cmd) };
+        let ok = out.line(&line);
+        shown += ok as u64;
+        ok
+    });
     let mut counters = bpf.table("counters")?;
     let lost = maps::counter(&mut counters, Counter::Lost) + maps::counter(&mut counters, Counter::InflightFull);
     let ended = maps::counter(&mut counters, Counter::EndedNoResponse);
     let mut inflight = bpf.table("inflight")?;
     let in_flight = maps::count_entries(&mut inflight, 1 << 16);
-    if !out.closed() {
-        let summary = format!("{shown} commands shown, {lost} events lost, {ended} ended without a response, {in_flight} still in flight");
-        if args.common.json {
-            eprintln!("{summary}");
-        } else {
-            out.line("");
-            out.line(&summary);
-        }
-    }
+    output::summary(args.common.json, &mut out, &[format!("{shown} commands shown, {lost} events lost, {ended} ended without a response, {in_flight} still in flight")]);
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use storprototrace::kernel::Kernel;
 use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out, Unit};
 use storprototrace::runner::{self, Stop};
-use storprototrace::stages::{self, StagePlan, TaskLookup};
+use storprototrace::stages::{self, StagePlan};
 use storprototrace::stats::{self, Row, RowKey, STAGES};
 use storprototrace::templates::{self, Template};
 use storprototrace::topology::Topology;
@@ -84,29 +84,12 @@ fn run(args: Args) -> Result<()> {
     let unit = if args.ms { Unit::Ms } else { Unit::Us };
 
     if args.common.ebpf {
-        let plan = StagePlan::choose(&kernel, TaskLookup::PrivateData).unwrap_or_else(|_| StagePlan::assume_all(TaskLookup::PrivateData));
-        let lookup = TaskLookup::from_headers(&stages::header_dirs(&kernel)).unwrap_or(plan.task_lookup);
-        let filter = if topo.sessions.is_empty() { args.filters.assume_sets() } else { args.filters.resolve(&topo)? };
-        println!("{}", render(&args, &StagePlan { task_lookup: lookup, ..plan }, &filter, kernel.ringbuf || kernel.function_count() == 0)?);
+        let (plan, filter) = stages::plan_for_ebpf(&kernel, &topo, &args.filters)?;
+        println!("{}", render(&args, &plan, &filter, kernel.ringbuf || kernel.function_count() == 0)?);
         return Ok(());
     }
-    if args.filters.any_session_filter() {
-        args.filters.resolve(&topo)?;
-    }
-    runner::preflight(&kernel, true)?;
-    if topo.sessions.is_empty() {
-        return Err(Error::no_sessions());
-    }
-    let filter = args.filters.resolve(&topo)?;
-    let plan = StagePlan::choose(&kernel, TaskLookup::from_headers(&stages::header_dirs(&kernel))?)?;
-    if args.common.verbose {
-        for p in &plan.probes {
-            eprintln!("probe {}", p.describe());
-        }
-    }
-    for n in &plan.notes {
-        eprintln!("iscstat: note: {n}");
-    }
+    let (plan, filter) = stages::prepare(&kernel, &topo, &args.filters)?;
+    plan.announce("iscstat", &kernel, args.common.verbose);
     let mut bpf = runner::compile(&render(&args, &plan, &filter, kernel.ringbuf)?)?;
     filter.load_sets(&bpf)?;
     runner::attach(&mut bpf, &plan.probes)?;

@@ -161,7 +161,7 @@ fn run(args: Args) -> Result<()> {
         out.line(&format!("{time_h:<14} {:<16} {:>7} {:>10} {}", "COMM", "PID", format!("LAT({})", unit.label()), "DISK"));
     }
     let mut shown: u64 = 0;
-    let mut show = |rec: &[u8], out: &mut Out, devs: &mut BlockDevs| -> bool {
+    runner::print_events(&mut events, &stop, &mut out, |rec, out| {
         let Some(e) = Submission::parse(rec) else { return true };
         let time = if args.common.timestamp { clock.wall(e.ts) } else { format!("{:.6}", clock.since_start(e.ts)) };
         let disk = devs.name(e.dev);
@@ -184,36 +184,13 @@ fn run(args: Args) -> Result<()> {
             format!("{time:<14} {:<16} {:>7} {:>10} {disk}", e.comm, e.pid, unit.fmt(e.lat))
         };
         let ok = out.line(&line);
-        if ok {
-            shown += 1;
-        }
+        shown += ok as u64;
         ok
-    };
-    while !stop.stopped() && !out.closed() {
-        for rec in events.poll(stop.poll_ms(100)) {
-            if !show(&rec, &mut out, &mut devs) {
-                break;
-            }
-        }
-    }
-    if !out.closed() {
-        for rec in events.poll(0) {
-            show(&rec, &mut out, &mut devs);
-        }
-    }
-    out.flush();
+    });
     let mut counters = bpf.table("counters")?;
     let lost = maps::counter(&mut counters, Counter::Lost);
     let timed = maps::read_u64(&mut counters, 4);
-    if !out.closed() {
-        let summary = format!("{shown} slow submissions shown, {timed} submissions timed, {lost} events lost");
-        if args.common.json {
-            eprintln!("{summary}");
-        } else {
-            out.line("");
-            out.line(&summary);
-        }
-    }
+    output::summary(args.common.json, &mut out, &[format!("{shown} slow submissions shown, {timed} submissions timed, {lost} events lost")]);
     Ok(())
 }
 

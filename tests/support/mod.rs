@@ -52,6 +52,22 @@ pub fn quiet_disks(lab: &Lab) {
     sh("udevadm settle -t 10 || true; udevadm control --exit || true; pkill -x systemd-udevd || true; sleep 1");
 }
 
+/// A netem qdisc on loopback for as long as the value lives (removed even
+/// when a test fails).
+pub struct Netem;
+impl Netem {
+    pub fn add(spec: &str) -> Netem {
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+        sh(&format!("tc qdisc add dev lo root netem {spec}"));
+        Netem
+    }
+}
+impl Drop for Netem {
+    fn drop(&mut self) {
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+    }
+}
+
 /// What fio says it did.
 #[derive(Debug, Clone)]
 pub struct Fio {
