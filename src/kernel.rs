@@ -28,6 +28,9 @@ pub struct Kernel {
     pub headers: Option<PathBuf>,
     pub headers_wanted: PathBuf,
     pub kheaders: bool,
+    /// Compiler flags the kernel itself was built with that its headers
+    /// need (7.x headers use anonymous struct members: -fms-extensions).
+    pub cflags: Vec<String>,
 }
 
 /// Where to look; `Paths::system()` for the running kernel, a fixture in tests.
@@ -84,8 +87,10 @@ impl Kernel {
             .clone()
             .unwrap_or_else(|| p.modules_root.join(&p.release).join("build"));
         let headers = if headers_wanted.join("include").is_dir() { Some(headers_wanted.clone()) } else { None };
+        let cflags = headers_wanted_cflags(&headers_wanted);
         Kernel {
             release: p.release.clone(),
+            cflags,
             source,
             functions,
             tracefs,
@@ -122,6 +127,20 @@ impl Kernel {
     pub fn function_count(&self) -> usize {
         self.functions.len()
     }
+}
+
+/// Flags from the headers' generated autoconf.h; only known ones are passed.
+fn headers_wanted_cflags(build: &Path) -> Vec<String> {
+    let text = fs::read_to_string(build.join("include/generated/autoconf.h")).unwrap_or_default();
+    cflags_from_autoconf(&text)
+}
+
+pub fn cflags_from_autoconf(autoconf: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    if autoconf.lines().any(|l| l.trim() == "#define CONFIG_CC_MS_EXTENSIONS \"-fms-extensions\"") {
+        v.push("-fms-extensions".to_string());
+    }
+    v
 }
 
 pub fn module_loaded(sys_module: &Path, name: &str) -> bool {
@@ -199,6 +218,13 @@ mod tests {
         assert!(k.has_tracepoint("scsi", "scsi_dispatch_cmd_start"));
         assert!(!k.has_tracepoint("scsi", "scsi_dispatch_cmd_done"));
         assert!(!k.btf);
+    }
+
+    #[test]
+    fn ms_extensions_follow_the_kernel_config() {
+        assert_eq!(cflags_from_autoconf("#define CONFIG_X 1\n#define CONFIG_CC_MS_EXTENSIONS \"-fms-extensions\"\n"), vec!["-fms-extensions"]);
+        assert!(cflags_from_autoconf("#define CONFIG_CC_MS_EXTENSIONS \"-fevil; rm\"\n").is_empty());
+        assert!(cflags_from_autoconf("").is_empty());
     }
 
     #[test]

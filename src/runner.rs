@@ -51,9 +51,13 @@ pub fn preflight(kernel: &Kernel, need_iscsi: bool) -> Result<()> {
     Ok(())
 }
 
-/// Compile C text with libbcc. bcc prints the compiler's diagnostics itself.
-pub fn compile(text: &str) -> Result<BPF> {
-    BPF::new(text).map_err(|e| Error::env(format!("BPF program failed to compile or load ({e}); the compiler's messages are above")))
+/// Compile C text with libbcc for this kernel. bcc prints the compiler's
+/// diagnostics itself.
+pub fn compile(kernel: &Kernel, text: &str) -> Result<BPF> {
+    bcc::BPFBuilder::new(text)
+        .and_then(|b| b.cflags(&kernel.cflags))
+        .and_then(|b| b.build())
+        .map_err(|e| Error::env(format!("BPF program failed to compile or load ({e}); the compiler's messages are above")))
 }
 
 pub fn attach(bpf: &mut BPF, probes: &[Probe]) -> Result<()> {

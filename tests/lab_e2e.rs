@@ -11,7 +11,7 @@ use storprototrace::templates::{self, Template, Value};
 use support::json::Json;
 use support::*;
 
-const LAB: &str = "needs the iSCSI lab VM: run tests/lab/e2e";
+const LAB: &str = "needs the iSCSI lab VM: run tests/all";
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
@@ -29,13 +29,13 @@ fn check_sane(cmds: &[Json], run: Duration) {
 }
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn chain_counts_commands_per_session() {
     let lab = lab();
     assert!(lab.disks.len() >= 3, "{LAB} with --targets 2 --luns 2");
     quiet_disks(&lab);
     let text = Template::new(&[templates::ISCCOUNT]).render(&[("COMPLETED_STATE", Value::Ident("ISCSI_TASK_COMPLETED"))]).unwrap();
-    let mut bpf = runner::compile(&text).expect("compile");
+    let mut bpf = runner::compile(&storprototrace::kernel::Kernel::detect(), &text).expect("compile");
     runner::attach(&mut bpf, &[Probe::entry("iscsi_queuecommand", "count_queuecommand"), Probe::entry("iscsi_complete_task", "count_complete")]).expect("attach");
     let (d1, d2) = (&lab.disks[0], &lab.disks[2]);
     let f1 = fio(d1, "randread", 300, 4, &[]);
@@ -57,7 +57,7 @@ fn chain_counts_commands_per_session() {
 }
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn isclatency_exact_count_on_one_disk() {
     let lab = lab();
     quiet_disks(&lab);
@@ -83,7 +83,7 @@ fn isclatency_exact_count_on_one_disk() {
 
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn isclatency_netem_delay_is_resp_time() {
     let lab = lab();
     quiet_disks(&lab);
@@ -129,7 +129,7 @@ fn isclatency_netem_delay_is_resp_time() {
 }
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn isclatency_concurrency_exact_per_session() {
     let lab = lab();
     quiet_disks(&lab);
@@ -155,7 +155,7 @@ fn isclatency_concurrency_exact_per_session() {
 }
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn isclatency_filters_show_only_and_all() {
     let lab = lab();
     assert_eq!(lab.disks.len(), 4, "{LAB} with --targets 2 --luns 2");
@@ -194,7 +194,7 @@ fn isclatency_filters_show_only_and_all() {
 }
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn isclatency_survives_connection_loss_and_relogin() {
     let lab = lab();
     quiet_disks(&lab);

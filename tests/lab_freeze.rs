@@ -69,7 +69,7 @@ fn run_with_switches(disk: &str, k: usize, secs: u64) -> Run {
 }
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     let lab = lab();
     quiet_disks(&lab);
@@ -167,7 +167,7 @@ fn kernel_log(what: &str) -> Vec<u64> {
 }
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn connection_loss_is_a_quiesce_from_failure_to_relogin() {
     let lab = lab();
     quiet_disks(&lab);

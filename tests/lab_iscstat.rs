@@ -11,7 +11,7 @@ use support::*;
 
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     let lab = lab();
     quiet_disks(&lab);
@@ -70,7 +70,7 @@ fn counts(rows: &[Json]) -> HashMap<(u64, u64), u64> {
 }
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     let lab = lab();
     assert_eq!(lab.disks.len(), 4, "needs --targets 2 --luns 2");
@@ -118,7 +118,7 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
 }
 
 #[test]
-#[ignore = "needs the iSCSI lab VM: run tests/lab/e2e"]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn iscstat_rows_follow_logout_and_relogin() {
     let lab = lab();
     quiet_disks(&lab);

@@ -189,7 +189,7 @@ fn run(args: Args) -> Result<()> {
         eprintln!("iscfreeze: note: {n}");
     }
     let text = render(&plan, min_us, wanted.is_some())?;
-    let mut bpf = runner::compile(&text)?;
+    let mut bpf = runner::compile(&kernel, &text)?;
     if let Some(w) = &wanted {
         let mut set = bpf.table("disks")?;
         let devs: Vec<u32> = w.iter().map(|(_, d)| *d).collect();

@@ -75,7 +75,7 @@ fn run(args: Args) -> Result<()> {
     let (plan, filter) = stages::prepare(&kernel, &topo, &args.filters)?;
     plan.announce("isclatency", &kernel, args.common.verbose);
     let text = render(&plan, &filter, min_us, kernel.ringbuf)?;
-    let mut bpf = runner::compile(&text)?;
+    let mut bpf = runner::compile(&kernel, &text)?;
     filter.load_sets(&bpf)?;
     runner::attach(&mut bpf, &plan.probes)?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;

@@ -90,7 +90,7 @@ fn run(args: Args) -> Result<()> {
     }
     let (plan, filter) = stages::prepare(&kernel, &topo, &args.filters)?;
     plan.announce("iscstat", &kernel, args.common.verbose);
-    let mut bpf = runner::compile(&render(&args, &plan, &filter, kernel.ringbuf)?)?;
+    let mut bpf = runner::compile(&kernel, &render(&args, &plan, &filter, kernel.ringbuf)?)?;
     filter.load_sets(&bpf)?;
     runner::attach(&mut bpf, &plan.probes)?;
     let stop = Stop::install(duration)?;

@@ -136,7 +136,7 @@ fn run(args: Args) -> Result<()> {
         eprintln!("submitslower: note: this kernel has no {}, timing {function} instead", SUBMIT[0]);
     }
     let text = render(&plan, &args, min_us, dev)?;
-    let mut bpf = runner::compile(&text)?;
+    let mut bpf = runner::compile(&kernel, &text)?;
     if args.iscsi {
         let mut set = bpf.table("disks")?;
         maps::fill_set(&mut set, &iscsi_devs, |d: u32| d.to_ne_bytes().to_vec())?;
