@@ -1,5 +1,5 @@
 //! End-to-end tests against a real iSCSI session. They run only inside the
-//! lab VM, through `tests/lab/e2e` (which passes --ignored); on a machine
+//! lab VM, through `tests/all` (which passes --ignored); on a machine
 //! without iSCSI they are reported as ignored, never as passed.
 
 mod support;

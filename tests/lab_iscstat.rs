@@ -1,5 +1,5 @@
 //! End-to-end tests of iscstat against real iSCSI sessions, inside the lab
-//! VM only (tests/lab/e2e passes --ignored). Tests whose name contains
+//! VM only (tests/all passes --ignored). Tests whose name contains
 //! "relogin" log sessions out and in: the runner runs them last.
 
 mod support;

@@ -18,9 +18,9 @@ pub struct Lab {
 }
 
 /// The lab this test runs in. Outside the VM there is none: the lab tests
-/// are #[ignore]d and only run through tests/lab/e2e.
+/// are #[ignore]d and only run through tests/all.
 pub fn lab() -> Lab {
-    let disks: Vec<String> = std::env::var("LAB_DISKS").expect("LAB_DISKS unset: run through tests/lab/e2e").split_whitespace().map(String::from).collect();
+    let disks: Vec<String> = std::env::var("LAB_DISKS").expect("LAB_DISKS unset: run through tests/all").split_whitespace().map(String::from).collect();
     let targets = std::env::var("LAB_TARGETS").unwrap_or_default().split_whitespace().map(String::from).collect();
     assert!(!disks.is_empty(), "the lab has no disks");
     Lab { disks, targets }
