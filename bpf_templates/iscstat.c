@@ -71,12 +71,13 @@ static __always_inline u32 log2_floor(u64 v)
     return r;
 }
 
-/* Log-linear buckets of 1024 ns units: 16 per power of two (at most 1/16
- * wide), so 1.0 ms and 1.3 ms land in different buckets. src/stats.rs
- * holds the inverse. */
+/* Log-linear buckets of microseconds: 16 per power of two (at most 1/16
+ * wide), so 1.0 ms and 1.3 ms land in different buckets, and log2
+ * histograms in us are exact unions of them. src/stats.rs holds the
+ * inverse. */
 static __always_inline u32 fine_bucket(u64 ns)
 {
-    u64 v = ns >> 10;
+    u64 v = ns / 1000;
     if (v < 16)
         return v;
     u32 msb = log2_floor(v);

@@ -9,17 +9,17 @@ pub const STAGES: [&str; 4] = ["WAIT", "SEND", "RESP", "TOTAL"];
 /// Bounds [low, high) in ns of a fine bucket of bpf_templates/iscstat.c.
 pub fn bucket_bounds(b: u32) -> (u64, u64) {
     if b < 16 {
-        return ((b as u64) << 10, ((b as u64) + 1) << 10);
+        return (b as u64 * 1000, (b as u64 + 1) * 1000);
     }
     let msb = b / 16 + 3;
     let sub = (b % 16) as u64;
     let shift = msb - 4;
-    (((16 + sub) << shift) << 10, ((17 + sub) << shift) << 10)
+    (((16 + sub) << shift) * 1000, ((17 + sub) << shift) * 1000)
 }
 
 /// The bucket a value falls in (the same function as the C side; used to test it).
 pub fn fine_bucket(ns: u64) -> u32 {
-    let v = ns >> 10;
+    let v = ns / 1000;
     if v < 16 {
         return v as u32;
     }
@@ -127,19 +127,20 @@ impl Row {
         self.max[stage]
     }
 
-    /// log2 histogram in microseconds (biolatency style): (low_us, high_us, count).
+    /// log2 histogram in microseconds (biolatency style): (low_us, high_us,
+    /// count), from the first non-empty slot to the last.
     pub fn log2_us(&self, stage: usize) -> Vec<(u64, u64, u64)> {
         let mut slots: BTreeMap<u32, u64> = BTreeMap::new();
         for (&b, &n) in &self.hist[stage] {
             let (lo, _) = bucket_bounds(b);
             let us = lo / 1000;
-            let slot = if us == 0 { 0 } else { 64 - us.leading_zeros() };
+            let slot = if us <= 1 { 0 } else { 63 - us.leading_zeros() };
             *slots.entry(slot).or_default() += n;
         }
-        let Some(&last) = slots.keys().last() else { return Vec::new() };
-        (0..=last)
+        let (Some(&first), Some(&last)) = (slots.keys().next(), slots.keys().last()) else { return Vec::new() };
+        (first..=last)
             .map(|s| {
-                let (lo, hi) = if s == 0 { (0, 1) } else { (1u64 << (s - 1), (1u64 << s) - 1) };
+                let (lo, hi) = if s == 0 { (0, 1) } else { (1u64 << s, (1u64 << (s + 1)) - 1) };
                 (lo, hi, slots.get(&s).copied().unwrap_or(0))
             })
             .collect()
@@ -162,8 +163,8 @@ mod tests {
         for ns in [0u64, 1023, 1024, 15 * 1024, 16 * 1024, 17_000, 1_000_000, 1_300_000, 12_345_678, 40_000_000_000] {
             let b = fine_bucket(ns);
             let (lo, hi) = bucket_bounds(b);
-            assert!(lo <= ns && ns < hi.max(1024), "{ns} not in bucket {b} [{lo}, {hi})");
-            if ns >= 16 * 1024 {
+            assert!(lo <= ns && ns < hi, "{ns} not in bucket {b} [{lo}, {hi})");
+            if ns >= 16_000 {
                 assert!((hi - lo) as f64 / lo as f64 <= 1.0 / 16.0 + 1e-9, "bucket {b} too wide");
             }
         }
@@ -199,8 +200,14 @@ mod tests {
         let r = row_with(&[500, 1_500, 3_000, 3_500, 1_000_000]);
         let h = r.log2_us(3);
         assert_eq!(h.iter().map(|x| x.2).sum::<u64>(), 5);
-        assert_eq!(h[0], (0, 1, 1));
-        assert!(h.iter().any(|&(lo, hi, n)| lo <= 1000 && 1000 <= hi && n == 1), "{h:?}");
+        assert_eq!(h[0], (0, 1, 2), "500 ns and 1.5 us are in 0 -> 1: {h:?}");
+        assert_eq!(h[1], (2, 3, 2), "{h:?}");
+        assert!(h.iter().any(|&(lo, hi, n)| lo == 512 && hi == 1023 && n == 1), "1 ms is in 512 -> 1023 (as 1000 us): {h:?}");
+        for w in h.windows(2) {
+            assert_eq!(w[0].1 + 1, w[1].0, "slots are contiguous: {h:?}");
+        }
+        let r = row_with(&[40_000, 50_000]);
+        assert_eq!(r.log2_us(3)[0].0, 32, "leading empty slots are left out");
     }
 
     #[test]
