@@ -30,10 +30,10 @@ pub fn parse<T: Parser>() -> Result<T> {
 /// `-m MIN_MS | -u MIN_US`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct Threshold {
-    /// Show commands of MIN_MS milliseconds or more; times in ms
+    /// Show only what took MIN_MS milliseconds or more; times in ms
     #[arg(short = 'm', long = "min-ms", value_name = "MIN_MS", allow_negative_numbers = true, conflicts_with = "min_us")]
     pub min_ms: Option<u64>,
-    /// Show commands of MIN_US microseconds or more; times in us (0 = every command)
+    /// Show only what took MIN_US microseconds or more; times in us (0 = everything)
     #[arg(short = 'u', long = "min-us", value_name = "MIN_US", allow_negative_numbers = true)]
     pub min_us: Option<u64>,
 }
