@@ -57,12 +57,17 @@ pub fn count_entries(table: &mut Table, limit: usize) -> usize {
     entries(table, limit).len()
 }
 
+/// The first u64 of a map value; 0 if the value is shorter (never a panic).
+pub fn first_u64(value: &[u8]) -> u64 {
+    crate::events::Reader::new(value).u64().unwrap_or(0)
+}
+
 /// A u64 value by u32 key (array slots, per-id counters); 0 when absent.
 pub fn read_u64(table: &mut Table, key: u32) -> u64 {
     let mut k = key.to_ne_bytes().to_vec();
     match table.get(&mut k) {
-        Ok(v) if v.len() >= 8 => u64::from_ne_bytes(v[..8].try_into().unwrap()),
-        _ => 0,
+        Ok(v) => first_u64(&v),
+        Err(_) => 0,
     }
 }
 

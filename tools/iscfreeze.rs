@@ -250,7 +250,8 @@ fn run(args: Args) -> Result<()> {
     let mut totals = bpf.table("totals")?;
     let mut per_disk: BTreeMap<String, [u64; 7]> = BTreeMap::new();
     for (k, v) in maps::entries(&mut totals, 1 << 12) {
-        let kind = u32::from_ne_bytes(k[8..12].try_into().unwrap());
+        let mut kr = Reader::new(&k);
+        let (Some(_queue), Some(kind)) = (kr.u64(), kr.u32()) else { continue };
         let mut r = Reader::new(&v);
         let (Some(count), Some(time), Some(waits), Some(wait_ns), Some(max_wait), Some(dev), Some(_), Some(name)) =
             (r.u64(), r.u64(), r.u64(), r.u64(), r.u64(), r.u32(), r.u32(), r.cstr(32))

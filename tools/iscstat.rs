@@ -230,7 +230,7 @@ fn collect(bpf: &bcc::BPF, epoch: &mut u32, ncpus: usize) -> Result<BTreeMap<Row
     for (k, v) in maps::entries(&mut pt, 1 << 15) {
         if let Some((e, key, stage, bucket)) = stats::parse_hist_key(&k) {
             if e == old && stage < 4 && bucket < 17 {
-                rows.entry(key).or_default().le[stage as usize][bucket as usize] += u64::from_ne_bytes(v[..8].try_into().unwrap());
+                rows.entry(key).or_default().le[stage as usize][bucket as usize] += maps::first_u64(&v);
                 maps::delete(&mut pt, &k);
             }
         }
@@ -239,7 +239,7 @@ fn collect(bpf: &bcc::BPF, epoch: &mut u32, ncpus: usize) -> Result<BTreeMap<Row
     for (k, v) in maps::entries(&mut ht, 1 << 17) {
         if let Some((e, key, stage, bucket)) = stats::parse_hist_key(&k) {
             if e == old && stage < 4 {
-                let n = u64::from_ne_bytes(v[..8].try_into().unwrap());
+                let n = maps::first_u64(&v);
                 *rows.entry(key).or_default().hist[stage as usize].entry(bucket).or_default() += n;
                 maps::delete(&mut ht, &k);
             }
