@@ -212,19 +212,7 @@ fn isclatency_survives_connection_loss_and_relogin() {
     let target2 = lab.targets.iter().rev().next().unwrap().clone();
     sh(&format!("iscsiadm -m node -T {target2} -p 127.0.0.1 -u"));
     sh(&format!("iscsiadm -m node -T {target2} -p 127.0.0.1 -l"));
-    let mut waited = 0;
-    let (s, disk) = loop {
-        let topo = topology();
-        if let Some(s) = topo.sessions.iter().find(|s| s.target == target2) {
-            if let Some(d) = s.luns.first().and_then(|l| l.disk.clone()) {
-                break (s.clone(), d);
-            }
-        }
-        waited += 1;
-        assert!(waited < 60, "no disk for {target2} 30 s after login");
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    sh(&format!("echo 2 > /sys/block/{disk}/queue/nomerges"));
+    let (s, disk) = session_disk_after_login(&target2);
     let after = fio(&disk, "randread", 100, 1, &[]);
     let out = t.stop_with(libc::SIGTERM);
     assert!(out.status.success(), "isclatency failed across the fault: {}", out.stderr);

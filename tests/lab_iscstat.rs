@@ -131,17 +131,8 @@ fn iscstat_rows_follow_logout_and_relogin() {
     sh(&format!("iscsiadm -m node -T {target2} -p 127.0.0.1 -u"));
     std::thread::sleep(Duration::from_secs(3));
     sh(&format!("iscsiadm -m node -T {target2} -p 127.0.0.1 -l"));
-    let mut waited = 0;
-    let (new_sid, disk) = loop {
-        let topo = topology();
-        if let Some((s, d)) = topo.sessions.iter().find(|s| s.target == target2).and_then(|s| s.luns.first().and_then(|l| l.disk.clone()).map(|d| (s.sid, d))) {
-            break (s as u64, d);
-        }
-        waited += 1;
-        assert!(waited < 60, "no disk for {target2} after login");
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    sh(&format!("echo 2 > /sys/block/{disk}/queue/nomerges"));
+    let (session, disk) = session_disk_after_login(&target2);
+    let new_sid = session.sid as u64;
     let after = fio(&disk, "randread", 300, 2, &[]);
     let f0 = fio_result(steady.wait_with_output().unwrap());
     std::thread::sleep(Duration::from_millis(1500));

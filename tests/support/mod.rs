@@ -52,6 +52,22 @@ pub fn quiet_disks(lab: &Lab) {
     sh("udevadm settle -t 10 || true; udevadm control --exit || true; pkill -x systemd-udevd || true; sleep 1");
 }
 
+/// After a login to `target`: wait (30 s at most) until its session has a
+/// disk on its first LUN, then set that disk up like quiet_disks does.
+pub fn session_disk_after_login(target: &str) -> (storprototrace::topology::Session, String) {
+    for _ in 0..60 {
+        let topo = topology();
+        if let Some(s) = topo.sessions.iter().find(|s| s.target == target) {
+            if let Some(d) = s.luns.first().and_then(|l| l.disk.clone()) {
+                sh(&format!("echo 2 > /sys/block/{d}/queue/nomerges"));
+                return (s.clone(), d);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!("no disk for {target} 30 s after login");
+}
+
 /// A netem qdisc on loopback for as long as the value lives (removed even
 /// when a test fails).
 pub struct Netem;
