@@ -16,6 +16,7 @@ BPF_PERF_OUTPUT(events);
 #define CTR_ENDED_NO_RESPONSE 1
 #define CTR_DISPATCH_BUSY 2
 #define CTR_INFLIGHT_FULL 3
+#define CTR_END_NOT_SEEN 4
 BPF_ARRAY(counters, u64, 8);
 
 static __always_inline void count(int slot)

@@ -22,7 +22,7 @@ struct event {
     char comm[TASK_COMM_LEN];
 };
 
-static __always_inline void on_command_done(struct pt_regs *ctx,
+static __always_inline void on_command_done(void *ctx,
         struct inflight *f, struct stage_times *t, int result)
 {
     if (t->total < MIN_NS)

@@ -2,11 +2,16 @@
  * isclatency and iscstat. Keyed by the SCSI command (struct scsi_cmnd *),
  * never per connection, so any number of commands in flight are timed.
  *
- *   t_queue  kprobe iscsi_queuecommand         the command enters libiscsi
- *   t_prep   kprobe iscsi_prep_scsi_cmd_pdu    the xmit worker takes it, CmdSN given
- *   t_sent   kretprobe iscsi_tcp_task_xmit==0  command PDU (+immediate and
+ *   t_queue  entry of iscsi_queuecommand       the command enters libiscsi
+ *   t_prep   entry of iscsi_prep_scsi_cmd_pdu  the xmit worker takes it, CmdSN given
+ *   t_sent   return of iscsi_tcp_task_xmit==0  command PDU (+immediate and
  *                                              unsolicited data) handed to TCP
- *   t_done   kprobe iscsi_complete_task(COMPLETED) the response completes it
+ *   t_done   entry of iscsi_complete_task(COMPLETED) the response completes it
+ *
+ * With FENTRY the programs are fentry/fexit (src/fentry.rs loads them
+ * against the modules' BTF): fexit sees the arguments and the return value
+ * together. Without, kprobes and kretprobes, with the arguments saved per
+ * thread at entry for the return probe.
  *
  * WAIT = t_prep - t_queue, SEND = t_sent - t_prep, RESP = t_done - t_sent.
  * A command that ends any other way (abort, session recovery, never sent)
@@ -28,6 +33,7 @@
 /* 0: all, 1: reads only, 2: writes only */
 #define FILTER_DIR {{FILTER_DIR}}
 #define HAVE_SENT {{HAVE_SENT}}
+#define FENTRY {{FENTRY}}
 
 /* From a scsi_cmnd to its iscsi_task: sc->SCp.ptr before 5.18, the
  * command's private data (struct iscsi_cmd) after. Chosen from the headers. */
@@ -65,18 +71,20 @@ struct stage_times {
 };
 
 BPF_HASH(inflight, u64, struct inflight, 16384);
+#if !FENTRY
 BPF_HASH(queuecommand_arg, u64, u64, 4096);
 BPF_HASH(xmit_arg, u64, u64, 4096);
+#endif
 /* Sets filled from user space: SCSI hosts (sessions), and host<<32|lun. */
 BPF_HASH(host_filter, u32, u8, 1024);
 BPF_HASH(dev_filter, u64, u8, 1024);
 
 /* Defined by the tool's template: what to do with a timed command. */
-static __always_inline void on_command_done(struct pt_regs *ctx,
+static __always_inline void on_command_done(void *ctx,
         struct inflight *f, struct stage_times *t, int result);
 
-int stages_queuecommand(struct pt_regs *ctx, struct Scsi_Host *shost,
-                        struct scsi_cmnd *sc)
+static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
+                                              struct scsi_cmnd *sc)
 {
     struct inflight f = {};
     struct scsi_device *sdev = sc->device;
@@ -111,26 +119,27 @@ int stages_queuecommand(struct pt_regs *ctx, struct Scsi_Host *shost,
     f.opcode = sc->cmnd[0];
     bpf_get_current_comm(&f.comm, sizeof(f.comm));
     f.ts_queue = bpf_ktime_get_ns();
-    if (inflight.update(&key, &f) != 0) {
-        count(CTR_INFLIGHT_FULL);
-        return 0;
+    if (inflight.insert(&key, &f) != 0) {
+        /* This command's memory is in the map already: the end of the
+         * command that used it before was never seen (the kernel skipped
+         * a program). Counted, then replaced. */
+        if (inflight.update(&key, &f) != 0) {
+            count(CTR_INFLIGHT_FULL);
+            return 0;
+        }
+        count(CTR_END_NOT_SEEN);
     }
+#if !FENTRY
     queuecommand_arg.update(&id, &key);
+#endif
     return 0;
 }
 
-int stages_queuecommand_ret(struct pt_regs *ctx)
+static __always_inline int stage_queuecommand_done(u64 key, int ret)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u64 *keyp = queuecommand_arg.lookup(&id);
-    if (!keyp)
-        return 0;
-    u64 key = *keyp;
-    queuecommand_arg.delete(&id);
     struct inflight *f = inflight.lookup(&key);
     if (!f)
         return 0;
-    int ret = PT_REGS_RC(ctx);
     if (ret != 0) {
         /* busy: the SCSI midlayer dispatches it again later */
         inflight.delete(&key);
@@ -151,7 +160,7 @@ int stages_queuecommand_ret(struct pt_regs *ctx)
     return 0;
 }
 
-int stages_prep(struct pt_regs *ctx, struct iscsi_task *task)
+static __always_inline int stage_prep(struct iscsi_task *task)
 {
     u64 key = (u64)task->sc;
     if (!key)
@@ -170,24 +179,9 @@ int stages_prep(struct pt_regs *ctx, struct iscsi_task *task)
     return 0;
 }
 
-int stages_xmit(struct pt_regs *ctx, struct iscsi_task *task)
+static __always_inline int stage_xmit_done(u64 key, int ret)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u64 key = (u64)task->sc;
-    if (key && inflight.lookup(&key))
-        xmit_arg.update(&id, &key);
-    return 0;
-}
-
-int stages_xmit_ret(struct pt_regs *ctx)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u64 *keyp = xmit_arg.lookup(&id);
-    if (!keyp)
-        return 0;
-    u64 key = *keyp;
-    xmit_arg.delete(&id);
-    if (PT_REGS_RC(ctx) != 0)
+    if (ret != 0)
         return 0;      /* not all sent yet (e.g. socket full): retried later */
     struct inflight *f = inflight.lookup(&key);
     if (f && f->ts_prep && f->ts_sent == 0)
@@ -195,7 +189,7 @@ int stages_xmit_ret(struct pt_regs *ctx)
     return 0;
 }
 
-int stages_r2t(struct pt_regs *ctx, struct iscsi_task *task)
+static __always_inline int stage_r2t(struct iscsi_task *task)
 {
     u64 key = (u64)task->sc;
     if (!key)
@@ -206,7 +200,7 @@ int stages_r2t(struct pt_regs *ctx, struct iscsi_task *task)
     return 0;
 }
 
-int stages_complete(struct pt_regs *ctx, struct iscsi_task *task, int state)
+static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, int state)
 {
     u64 key = (u64)task->sc;
     if (!key)
@@ -236,7 +230,94 @@ int stages_complete(struct pt_regs *ctx, struct iscsi_task *task, int state)
     t.send = sent - prep;
     t.resp = now - sent;
     t.total = now - f->ts_queue;
-    on_command_done(ctx, f, &t, task->sc->result);
+    struct scsi_cmnd *sc = task->sc;
+    on_command_done(ctx, f, &t, sc->result);
     inflight.delete(&key);
     return 0;
 }
+
+#if FENTRY
+/* ctx[i] is argument i; an fexit program's ctx[nargs] is the return value. */
+int fentry_queuecommand(u64 *ctx)
+{
+    return stage_queuecommand((struct Scsi_Host *)ctx[0], (struct scsi_cmnd *)ctx[1]);
+}
+
+int fexit_queuecommand(u64 *ctx)
+{
+    return stage_queuecommand_done(ctx[1], (int)ctx[2]);
+}
+
+int fentry_prep(u64 *ctx)
+{
+    return stage_prep((struct iscsi_task *)ctx[0]);
+}
+
+int fexit_xmit(u64 *ctx)
+{
+    struct iscsi_task *task = (struct iscsi_task *)ctx[0];
+    return stage_xmit_done((u64)task->sc, (int)ctx[1]);
+}
+
+int fentry_r2t(u64 *ctx)
+{
+    return stage_r2t((struct iscsi_task *)ctx[0]);
+}
+
+int fentry_complete(u64 *ctx)
+{
+    return stage_complete(ctx, (struct iscsi_task *)ctx[0], (int)ctx[1]);
+}
+#else
+int stages_queuecommand(struct pt_regs *ctx, struct Scsi_Host *shost,
+                        struct scsi_cmnd *sc)
+{
+    return stage_queuecommand(shost, sc);
+}
+
+int stages_queuecommand_ret(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 *keyp = queuecommand_arg.lookup(&id);
+    if (!keyp)
+        return 0;
+    u64 key = *keyp;
+    queuecommand_arg.delete(&id);
+    return stage_queuecommand_done(key, PT_REGS_RC(ctx));
+}
+
+int stages_prep(struct pt_regs *ctx, struct iscsi_task *task)
+{
+    return stage_prep(task);
+}
+
+int stages_xmit(struct pt_regs *ctx, struct iscsi_task *task)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 key = (u64)task->sc;
+    if (key && inflight.lookup(&key))
+        xmit_arg.update(&id, &key);
+    return 0;
+}
+
+int stages_xmit_ret(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 *keyp = xmit_arg.lookup(&id);
+    if (!keyp)
+        return 0;
+    u64 key = *keyp;
+    xmit_arg.delete(&id);
+    return stage_xmit_done(key, PT_REGS_RC(ctx));
+}
+
+int stages_r2t(struct pt_regs *ctx, struct iscsi_task *task)
+{
+    return stage_r2t(task);
+}
+
+int stages_complete(struct pt_regs *ctx, struct iscsi_task *task, int state)
+{
+    return stage_complete(ctx, task, state);
+}
+#endif

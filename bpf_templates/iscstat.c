@@ -99,7 +99,7 @@ static __always_inline void add_stage(struct row_val *v, struct hist_key *hk, in
     }
 }
 
-static __always_inline void on_command_done(struct pt_regs *ctx,
+static __always_inline void on_command_done(void *ctx,
         struct inflight *f, struct stage_times *t, int result)
 {
     u32 zero = 0;

@@ -3,7 +3,7 @@
 //! their attach points from this, never from a version number.
 
 use crate::error::{Error, Result};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -20,7 +20,10 @@ pub enum FunctionSource {
 pub struct Kernel {
     pub release: String,
     pub source: FunctionSource,
-    functions: HashSet<String>,
+    /// Traceable functions and the module each is in (None: vmlinux).
+    functions: HashMap<String, Option<String>>,
+    /// `/sys/kernel/btf`: vmlinux's BTF and each module's.
+    pub btf_dir: PathBuf,
     tracefs: Option<PathBuf>,
     pub btf: bool,
     pub ringbuf: bool,
@@ -62,6 +65,9 @@ impl Paths {
     }
 }
 
+/// Where the running kernel publishes its BTF (vmlinux and one per module).
+pub const BTF_DIR: &str = "/sys/kernel/btf";
+
 pub fn uname_release() -> String {
     fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
 }
@@ -77,7 +83,7 @@ impl Kernel {
             Some(text) if !text.is_empty() => (FunctionSource::FilterFunctions, parse_filter_functions(&text)),
             _ => match fs::read_to_string(&p.kallsyms) {
                 Ok(text) => (FunctionSource::Kallsyms, parse_kallsyms(&text)),
-                Err(_) => (FunctionSource::None, HashSet::new()),
+                Err(_) => (FunctionSource::None, HashMap::new()),
             },
         };
         let kallsyms_text = fs::read_to_string(&p.kallsyms).unwrap_or_default();
@@ -95,6 +101,7 @@ impl Kernel {
             functions,
             tracefs,
             btf: p.btf.exists(),
+            btf_dir: p.btf.parent().map(Path::to_path_buf).unwrap_or_default(),
             ringbuf,
             headers,
             headers_wanted,
@@ -103,7 +110,12 @@ impl Kernel {
     }
 
     pub fn can_probe(&self, function: &str) -> bool {
-        self.functions.contains(function)
+        self.functions.contains_key(function)
+    }
+
+    /// The module a traceable function is in; None for vmlinux or unknown.
+    pub fn module_of(&self, function: &str) -> Option<&str> {
+        self.functions.get(function).and_then(|m| m.as_deref())
     }
 
     /// The first candidate the kernel can probe.
@@ -157,19 +169,29 @@ pub fn require_root() -> Result<()> {
 
 /// `name [module]` per line; notrace duplicates and `__ftrace_invalid_address___`
 /// entries are kept as names (they never match a real function).
-pub fn parse_filter_functions(text: &str) -> HashSet<String> {
-    text.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect()
+pub fn parse_filter_functions(text: &str) -> HashMap<String, Option<String>> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let name = it.next()?;
+            Some((name.to_string(), module_field(it.next())))
+        })
+        .collect()
+}
+
+fn module_field(f: Option<&str>) -> Option<String> {
+    f.and_then(|m| m.strip_prefix('[')).and_then(|m| m.strip_suffix(']')).map(str::to_string)
 }
 
 /// `address type name [module]`; text symbols (t/T) only.
-pub fn parse_kallsyms(text: &str) -> HashSet<String> {
+pub fn parse_kallsyms(text: &str) -> HashMap<String, Option<String>> {
     text.lines()
         .filter_map(|l| {
             let mut it = l.split_whitespace();
             let _addr = it.next()?;
             let kind = it.next()?;
             let name = it.next()?;
-            matches!(kind, "t" | "T").then(|| name.to_string())
+            matches!(kind, "t" | "T").then(|| (name.to_string(), module_field(it.next())))
         })
         .collect()
 }
@@ -212,6 +234,8 @@ mod tests {
         let k = Kernel::from_paths(&p);
         assert_eq!(k.source, FunctionSource::FilterFunctions);
         assert!(k.can_probe("iscsi_queuecommand"));
+        assert_eq!(k.module_of("iscsi_tcp_task_xmit"), Some("libiscsi_tcp"));
+        assert_eq!(k.module_of("submit_bio_noacct"), None);
         assert!(!k.can_probe("iscsi_requeue_task"), "kallsyms is not consulted when tracefs answers");
         assert_eq!(k.first_of(&["generic_make_request", "submit_bio_noacct"]), Some("submit_bio_noacct"));
         assert!(k.ringbuf);
@@ -235,6 +259,7 @@ mod tests {
         assert_eq!(k.source, FunctionSource::Kallsyms);
         assert!(k.can_probe("iscsi_queuecommand"));
         assert!(!k.can_probe("iscsi_data"));
+        assert_eq!(k.module_of("iscsi_queuecommand"), Some("libiscsi"));
         assert!(!k.ringbuf);
     }
 

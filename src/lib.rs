@@ -3,9 +3,11 @@
 //! The binaries in `tools/` are thin: argument parsing, a template, a print
 //! loop. Everything two tools share lives here, one small module per job.
 
+pub mod btf;
 pub mod cli;
 pub mod error;
 pub mod events;
+pub mod fentry;
 pub mod freeze;
 pub mod json;
 pub mod kernel;

@@ -13,6 +13,9 @@ pub enum Counter {
     EndedNoResponse = 1,
     DispatchBusy = 2,
     InflightFull = 3,
+    /// A command's memory reused while our map still held it: the kernel
+    /// skipped the program that would have seen its end.
+    EndNotSeen = 4,
 }
 
 /// Every (key, value) pair of a hash map, each key once. Bounded by `limit`

@@ -14,8 +14,14 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProbeKind {
+    /// kprobe
     Entry,
+    /// kretprobe
     Return,
+    /// fentry (BTF trampoline), loaded by src/fentry.rs
+    Fentry,
+    /// fexit: sees the arguments and the return value
+    Fexit,
 }
 
 /// One attach point: a kernel function and the C handler that runs there.
@@ -24,19 +30,27 @@ pub struct Probe {
     pub kind: ProbeKind,
     pub function: String,
     pub handler: &'static str,
+    /// The module the function is in (fentry needs its BTF); None: vmlinux.
+    pub module: Option<String>,
 }
 
 impl Probe {
     pub fn entry(function: &str, handler: &'static str) -> Probe {
-        Probe { kind: ProbeKind::Entry, function: function.to_string(), handler }
+        Probe { kind: ProbeKind::Entry, function: function.to_string(), handler, module: None }
     }
     pub fn ret(function: &str, handler: &'static str) -> Probe {
-        Probe { kind: ProbeKind::Return, function: function.to_string(), handler }
+        Probe { kind: ProbeKind::Return, function: function.to_string(), handler, module: None }
     }
     pub fn describe(&self) -> String {
-        match self.kind {
-            ProbeKind::Entry => format!("kprobe:{} -> {}", self.function, self.handler),
-            ProbeKind::Return => format!("kretprobe:{} -> {}", self.function, self.handler),
+        let kind = match self.kind {
+            ProbeKind::Entry => "kprobe",
+            ProbeKind::Return => "kretprobe",
+            ProbeKind::Fentry => "fentry",
+            ProbeKind::Fexit => "fexit",
+        };
+        match &self.module {
+            Some(m) => format!("{kind}:{m}:{} -> {}", self.function, self.handler),
+            None => format!("{kind}:{} -> {}", self.function, self.handler),
         }
     }
 }
@@ -60,15 +74,44 @@ pub fn compile(kernel: &Kernel, text: &str) -> Result<BPF> {
         .map_err(|e| Error::env(format!("BPF program failed to compile or load ({e}); the compiler's messages are above")))
 }
 
-pub fn attach(bpf: &mut BPF, probes: &[Probe]) -> Result<()> {
-    for p in probes {
-        let r = match p.kind {
-            ProbeKind::Entry => Kprobe::new().handler(p.handler).function(&p.function).attach(bpf),
-            ProbeKind::Return => Kretprobe::new().handler(p.handler).function(&p.function).attach(bpf),
-        };
-        r.map_err(|e| Error::env(format!("cannot attach {}: {e}", p.describe())))?;
+/// fentry/fexit programs this process loaded and attached; detached when
+/// dropped (kprobes belong to the `BPF` and go with it).
+#[derive(Default)]
+pub struct Links {
+    programs: Vec<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
+}
+
+impl Links {
+    /// Hits the kernel skipped because the same program was already running
+    /// on that CPU (fentry programs only: kprobes share one flag per CPU and
+    /// their skips are not reported here).
+    pub fn missed(&self) -> u64 {
+        self.programs.iter().map(|(prog, _)| crate::fentry::misses(prog)).sum()
     }
-    Ok(())
+}
+
+pub fn attach(bpf: &mut BPF, probes: &[Probe]) -> Result<Links> {
+    let mut links = Links::default();
+    let mut resolver = None;
+    for p in probes {
+        let fail = |e: String| Error::env(format!("cannot attach {}: {e}", p.describe()));
+        match p.kind {
+            ProbeKind::Entry => Kprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
+            ProbeKind::Return => Kretprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
+            ProbeKind::Fentry | ProbeKind::Fexit => {
+                if resolver.is_none() {
+                    resolver = Some(crate::fentry::Resolver::new(std::path::Path::new(crate::kernel::BTF_DIR))?);
+                }
+                let target = resolver.as_mut().unwrap().target(&p.function, p.module.as_deref())?;
+                let insns = bpf.dump_func(std::ffi::CString::new(p.handler).unwrap()).map_err(|e| fail(e.to_string()))?;
+                let side = if p.kind == ProbeKind::Fentry { crate::fentry::Side::Entry } else { crate::fentry::Side::Exit };
+                let prog = crate::fentry::load(&insns, p.handler, side, &target).map_err(fail)?;
+                let link = crate::fentry::attach(&prog).map_err(|e| fail(e.to_string()))?;
+                links.programs.push((prog, link));
+            }
+        }
+    }
+    Ok(links)
 }
 
 /// Raw event records, whichever buffer carries them.

@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
-use crate::runner::Probe;
+use crate::runner::{Probe, ProbeKind};
 use crate::templates::Value;
 use std::path::PathBuf;
 
@@ -67,6 +67,10 @@ pub struct StagePlan {
     /// R2Ts can be counted.
     pub have_r2t: bool,
     pub task_lookup: TaskLookup,
+    /// fentry/fexit programs (else kprobes/kretprobes).
+    pub fentry: bool,
+    /// Why kprobes were chosen instead of fentry (said with -v).
+    pub why_kprobes: Option<String>,
     /// One line each for what this kernel cannot give, said once at start.
     pub notes: Vec<String>,
 }
@@ -98,13 +102,13 @@ impl StagePlan {
         } else {
             notes.push(format!("{R2T} is not traceable: R2T counts show '-'"));
         }
-        Ok(StagePlan { probes, have_sent, have_r2t, task_lookup, notes })
+        Ok(StagePlan { probes, have_sent, have_r2t, task_lookup, fentry: false, why_kprobes: None, notes })
     }
 
     /// The plan for a kernel that has every probe point (for --ebpf where
     /// the running kernel cannot be read).
     pub fn assume_all(task_lookup: TaskLookup) -> StagePlan {
-        let mut p = StagePlan { probes: Vec::new(), have_sent: true, have_r2t: true, task_lookup, notes: Vec::new() };
+        let mut p = StagePlan { probes: Vec::new(), have_sent: true, have_r2t: true, task_lookup, fentry: false, why_kprobes: None, notes: Vec::new() };
         p.probes = vec![
             Probe::entry(QUEUECOMMAND, "stages_queuecommand"),
             Probe::ret(QUEUECOMMAND, "stages_queuecommand_ret"),
@@ -118,7 +122,104 @@ impl StagePlan {
     }
 
     pub fn values(&self) -> Vec<(&'static str, Value)> {
-        vec![("HAVE_SENT", self.have_sent.into()), ("TASK_FROM_SC", Value::Ident(self.task_lookup.macro_name()))]
+        vec![
+            ("HAVE_SENT", self.have_sent.into()),
+            ("TASK_FROM_SC", Value::Ident(self.task_lookup.macro_name())),
+            ("FENTRY", self.fentry.into()),
+        ]
+    }
+
+    /// The same stages on fentry/fexit: fexit sees arguments and return
+    /// value together, so the entry probe of a return pair is not needed.
+    pub fn with_fentry(&self, kernel: &Kernel) -> StagePlan {
+        let probes = self
+            .probes
+            .iter()
+            .filter_map(|p| {
+                let (kind, handler) = match p.handler {
+                    "stages_queuecommand" => (ProbeKind::Fentry, "fentry_queuecommand"),
+                    "stages_queuecommand_ret" => (ProbeKind::Fexit, "fexit_queuecommand"),
+                    "stages_prep" => (ProbeKind::Fentry, "fentry_prep"),
+                    "stages_xmit_ret" => (ProbeKind::Fexit, "fexit_xmit"),
+                    "stages_r2t" => (ProbeKind::Fentry, "fentry_r2t"),
+                    "stages_complete" => (ProbeKind::Fentry, "fentry_complete"),
+                    _ => return None,
+                };
+                Some(Probe { kind, function: p.function.clone(), handler, module: kernel.module_of(&p.function).map(str::to_string) })
+            })
+            .collect();
+        StagePlan { probes, fentry: true, ..self.clone() }
+    }
+
+    /// Why fentry cannot be used on this kernel, judged from files alone
+    /// (for --ebpf): BTF for vmlinux and every module, and a ring buffer.
+    pub fn fentry_obstacle(&self, kernel: &Kernel) -> Option<String> {
+        if !kernel.ringbuf {
+            return Some("no BPF ring buffer".into());
+        }
+        if !kernel.btf_dir.join("vmlinux").exists() {
+            return Some("no kernel BTF".into());
+        }
+        for p in &self.probes {
+            if let Some(m) = kernel.module_of(&p.function) {
+                if !kernel.btf_dir.join(m).exists() {
+                    return Some(format!("module {m} has no BTF"));
+                }
+            }
+        }
+        None
+    }
+
+    /// fentry where this kernel takes it for every stage function (checked
+    /// by attaching an empty program, as libbpf-tools do), else kprobes.
+    /// Needs root. Returns the plan and, for kprobes, why.
+    pub fn prefer_fentry(self, kernel: &Kernel) -> (StagePlan, Option<String>) {
+        if std::env::var_os("STORPROTOTRACE_KPROBES").is_some() {
+            return (self, Some("STORPROTOTRACE_KPROBES is set".into()));
+        }
+        if let Some(why) = self.fentry_obstacle(kernel) {
+            return (self, Some(why));
+        }
+        let plan = self.with_fentry(kernel);
+        let mut resolver = match crate::fentry::Resolver::new(&kernel.btf_dir) {
+            Ok(r) => r,
+            Err(e) => return (self, Some(e.to_string())),
+        };
+        for p in &plan.probes {
+            match resolver.target(&p.function, p.module.as_deref()) {
+                Ok(t) if crate::fentry::can_attach(&t) => {}
+                Ok(_) => return (self, Some(format!("the kernel refuses fentry on {}", p.function))),
+                Err(e) => return (self, Some(e.to_string())),
+            }
+        }
+        (plan, None)
+    }
+}
+
+/// Compile the stage programs and attach them: fentry as planned, and if the
+/// kernel refuses the real programs, kprobes after all (said once).
+pub fn compile_and_attach(
+    tool: &str,
+    kernel: &Kernel,
+    plan: &mut StagePlan,
+    filter: &KernelFilter,
+    render: impl Fn(&StagePlan) -> Result<String>,
+) -> Result<(bcc::BPF, crate::runner::Links)> {
+    let mut bpf = crate::runner::compile(kernel, &render(plan)?)?;
+    filter.load_sets(&bpf)?;
+    match crate::runner::attach(&mut bpf, &plan.probes) {
+        Ok(links) => Ok((bpf, links)),
+        Err(e) if plan.fentry => {
+            eprintln!("{tool}: note: {e}; using kprobes instead");
+            drop(bpf);
+            let kp = StagePlan::choose(kernel, plan.task_lookup)?;
+            *plan = StagePlan { notes: plan.notes.clone(), ..kp };
+            let mut bpf = crate::runner::compile(kernel, &render(plan)?)?;
+            filter.load_sets(&bpf)?;
+            let links = crate::runner::attach(&mut bpf, &plan.probes)?;
+            Ok((bpf, links))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -129,7 +230,9 @@ pub fn plan_for_ebpf(kernel: &Kernel, topo: &crate::topology::Topology, filters:
     let plan = StagePlan::choose(kernel, TaskLookup::PrivateData).unwrap_or_else(|_| StagePlan::assume_all(TaskLookup::PrivateData));
     let task_lookup = TaskLookup::from_headers(&header_dirs(kernel)).unwrap_or(plan.task_lookup);
     let filter = if topo.sessions.is_empty() { filters.assume_sets() } else { filters.resolve(topo)? };
-    Ok((StagePlan { task_lookup, ..plan }, filter))
+    let plan = StagePlan { task_lookup, ..plan };
+    let plan = if kernel.function_count() > 0 && plan.fentry_obstacle(kernel).is_none() { plan.with_fentry(kernel) } else { plan };
+    Ok((plan, filter))
 }
 
 /// The checks and choices before tracing iSCSI commands for real: a filter
@@ -145,14 +248,22 @@ pub fn prepare(kernel: &Kernel, topo: &crate::topology::Topology, filters: &crat
     }
     let filter = filters.resolve(topo)?;
     let plan = StagePlan::choose(kernel, TaskLookup::from_headers(&header_dirs(kernel))?)?;
-    Ok((plan, filter))
+    let (plan, why_kprobes) = plan.prefer_fentry(kernel);
+    Ok((StagePlan { why_kprobes, ..plan }, filter))
 }
 
 impl StagePlan {
     /// Say once at start what this kernel cannot give; with -v, every probe.
     pub fn announce(&self, tool: &str, kernel: &Kernel, verbose: bool) {
         if verbose {
-            eprintln!("kernel {}: functions from {:?}, ring buffer: {}, task lookup: {:?}", kernel.release, kernel.source, kernel.ringbuf, self.task_lookup);
+            eprintln!(
+                "kernel {}: functions from {:?}, ring buffer: {}, task lookup: {:?}, {}",
+                kernel.release,
+                kernel.source,
+                kernel.ringbuf,
+                self.task_lookup,
+                if self.fentry { "fentry/fexit".to_string() } else { format!("kprobes ({})", self.why_kprobes.as_deref().unwrap_or("fentry not tried")) }
+            );
             for p in &self.probes {
                 eprintln!("probe {}", p.describe());
             }

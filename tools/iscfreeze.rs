@@ -195,7 +195,7 @@ fn run(args: Args) -> Result<()> {
         let devs: Vec<u32> = w.iter().map(|(_, d)| *d).collect();
         maps::fill_set(&mut set, &devs, |d: u32| d.to_ne_bytes().to_vec())?;
     }
-    runner::attach(&mut bpf, &plan.probes)?;
+    let _links = runner::attach(&mut bpf, &plan.probes)?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
     let mut view = View {

@@ -72,12 +72,9 @@ fn run(args: Args) -> Result<()> {
         return Ok(());
     }
 
-    let (plan, filter) = stages::prepare(&kernel, &topo, &args.filters)?;
+    let (mut plan, filter) = stages::prepare(&kernel, &topo, &args.filters)?;
     plan.announce("isclatency", &kernel, args.common.verbose);
-    let text = render(&plan, &filter, min_us, kernel.ringbuf)?;
-    let mut bpf = runner::compile(&kernel, &text)?;
-    filter.load_sets(&bpf)?;
-    runner::attach(&mut bpf, &plan.probes)?;
+    let (bpf, links) = stages::compile_and_attach("isclatency", &kernel, &mut plan, &filter, |p| render(p, &filter, min_us, kernel.ringbuf))?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
     let clock = Clock::start();
@@ -102,7 +99,12 @@ fn run(args: Args) -> Result<()> {
     let ended = maps::counter(&mut counters, Counter::EndedNoResponse);
     let mut inflight = bpf.table("inflight")?;
     let in_flight = maps::count_entries(&mut inflight, 1 << 16);
-    output::summary(args.common.json, &mut out, &[format!("{shown} commands shown, {lost} events lost, {ended} ended without a response, {in_flight} still in flight")]);
+    let unseen = maps::counter(&mut counters, Counter::EndNotSeen);
+    let mut line = format!("{shown} commands shown, {lost} events lost, {ended} ended without a response, {in_flight} still in flight");
+    if unseen + links.missed() > 0 {
+        line += &format!(", {unseen} ends not seen, {} probe hits skipped by the kernel", links.missed());
+    }
+    output::summary(args.common.json, &mut out, &[line]);
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use storprototrace::cli::{self, Common, Filters};
 use storprototrace::kernel::Kernel;
 use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out, Unit};
-use storprototrace::runner::{self, Stop};
+use storprototrace::runner::Stop;
 use storprototrace::stages::{self, StagePlan};
 use storprototrace::stats::{self, Row, RowKey, STAGES};
 use storprototrace::templates::{self, Template};
@@ -88,11 +88,9 @@ fn run(args: Args) -> Result<()> {
         println!("{}", render(&args, &plan, &filter, kernel.ringbuf || kernel.function_count() == 0)?);
         return Ok(());
     }
-    let (plan, filter) = stages::prepare(&kernel, &topo, &args.filters)?;
+    let (mut plan, filter) = stages::prepare(&kernel, &topo, &args.filters)?;
     plan.announce("iscstat", &kernel, args.common.verbose);
-    let mut bpf = runner::compile(&kernel, &render(&args, &plan, &filter, kernel.ringbuf)?)?;
-    filter.load_sets(&bpf)?;
-    runner::attach(&mut bpf, &plan.probes)?;
+    let (bpf, links) = stages::compile_and_attach("iscstat", &kernel, &mut plan, &filter, |p| render(&args, p, &filter, kernel.ringbuf))?;
     let stop = Stop::install(duration)?;
     let clock = Clock::start();
     let mut out = Out::new();
@@ -121,7 +119,9 @@ fn run(args: Args) -> Result<()> {
         }
         let rows = shown_rows(&args, rows);
         let mut counters = bpf.table("counters")?;
-        let lost = maps::counter(&mut counters, Counter::Lost) + maps::counter(&mut counters, Counter::InflightFull);
+        // Commands not counted: map full, an end the kernel did not let us
+        // see, or a program hit the kernel skipped.
+        let lost = maps::counter(&mut counters, Counter::Lost) + maps::counter(&mut counters, Counter::InflightFull) + maps::counter(&mut counters, Counter::EndNotSeen) + links.missed();
         let now = output::monotonic_ns();
         let stamp = if args.common.timestamp || !args.common.json { clock.wall(now) } else { format!("{:.3}", clock.since_start(now)) };
         if !report(&args, unit, &topo, &plan, &rows, elapsed, &stamp, lost - last_lost, &mut out) {

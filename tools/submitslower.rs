@@ -141,7 +141,7 @@ fn run(args: Args) -> Result<()> {
         let mut set = bpf.table("disks")?;
         maps::fill_set(&mut set, &iscsi_devs, |d: u32| d.to_ne_bytes().to_vec())?;
     }
-    runner::attach(&mut bpf, &probes)?;
+    let _links = runner::attach(&mut bpf, &probes)?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
     let clock = Clock::start();
