@@ -355,6 +355,26 @@ mod tests {
     }
 
     #[test]
+    fn fentry_plan_maps_every_stage_and_needs_module_btf() {
+        let k = kernel_with("iscsi_queuecommand [libiscsi]\niscsi_prep_scsi_cmd_pdu [libiscsi]\niscsi_complete_task [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\niscsi_requeue_task [libiscsi]\n");
+        let p = StagePlan::choose(&k, TaskLookup::PrivateData).unwrap();
+        assert_eq!(p.fentry_obstacle(&k).as_deref(), Some("no BPF ring buffer"));
+        let f = p.with_fentry(&k);
+        assert!(f.fentry && f.values().contains(&("FENTRY", Value::Bool(true))));
+        // fexit sees arguments and return value: no entry probe for xmit.
+        let got: Vec<String> = f.probes.iter().map(|p| p.describe()).collect();
+        assert_eq!(got, [
+            "fentry:libiscsi:iscsi_queuecommand -> fentry_queuecommand",
+            "fexit:libiscsi:iscsi_queuecommand -> fexit_queuecommand",
+            "fentry:libiscsi:iscsi_prep_scsi_cmd_pdu -> fentry_prep",
+            "fentry:libiscsi:iscsi_complete_task -> fentry_complete",
+            "fexit:libiscsi_tcp:iscsi_tcp_task_xmit -> fexit_xmit",
+            "fentry:libiscsi:iscsi_requeue_task -> fentry_r2t",
+        ]);
+        assert!(!p.fentry && p.values().contains(&("FENTRY", Value::Bool(false))));
+    }
+
+    #[test]
     fn missing_xmit_is_said_not_guessed() {
         let k = kernel_with("iscsi_queuecommand\niscsi_prep_scsi_cmd_pdu\niscsi_complete_task\n");
         let p = StagePlan::choose(&k, TaskLookup::ScsiPointer).unwrap();

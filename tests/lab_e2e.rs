@@ -62,23 +62,37 @@ fn isclatency_exact_count_on_one_disk() {
     let lab = lab();
     quiet_disks(&lab);
     let (d, other) = (&lab.disks[0], &lab.disks[1]);
-    let t = start("isclatency", &["-u", "0", "--json", "--disk", d]);
+    // The same command line twice at once: as chosen for this kernel
+    // (fentry where modules have BTF), and forced onto kprobes, the
+    // fallback, which must be exact as well.
+    let chosen = spawn("isclatency", &["-v", "-u", "0", "--json", "--disk", d], &[]);
+    let kprobes = spawn("isclatency", &["-v", "-u", "0", "--json", "--disk", d], &[("STORPROTOTRACE_KPROBES", "1")]);
+    let (chosen, kprobes) = (chosen.ready(), kprobes.ready());
     let noise = fio_cmd(other, "randread", 300, 4, &[]).spawn().unwrap();
     let f = fio(d, "randrw", 1000, 8, &[]);
     fio_result(noise.wait_with_output().unwrap());
-    let out = t.stop();
-    assert!(out.status.success(), "{}", out.stderr);
-    let cmds = out.json();
-    let reads = cmds.iter().filter(|c| c.get("dir").str() == "R").count() as u64;
-    let writes = cmds.iter().filter(|c| c.get("dir").str() == "W").count() as u64;
-    println!("fio: {} reads {} writes; isclatency: {} commands ({reads} R, {writes} W)", f.reads, f.writes, cmds.len());
-    assert_eq!(cmds.len() as u64, f.ios(), "exactly one line per fio I/O");
-    assert_eq!((reads, writes), (f.reads, f.writes));
-    assert!(cmds.iter().all(|c| c.get("disk").str() == d && c.get("bytes").u64() == 4096 && c.get("ok") == &Json::Bool(true)));
-    check_sane(&cmds, out.elapsed);
-    assert_eq!(out.summary("events lost"), 0);
-    assert_eq!(out.summary("still in flight"), 0);
-    assert_eq!(out.summary("commands shown"), f.ios());
+    let module_btf = std::path::Path::new("/sys/kernel/btf/libiscsi").exists();
+    for (name, t) in [("chosen", chosen), ("kprobes", kprobes)] {
+        let out = t.stop();
+        assert!(out.status.success(), "{}", out.stderr);
+        let fentry = out.stderr.contains("probe fentry:");
+        if name == "kprobes" {
+            assert!(!fentry, "STORPROTOTRACE_KPROBES=1 must keep to kprobes: {}", out.stderr);
+        } else {
+            assert_eq!(fentry, module_btf, "fentry exactly where the iSCSI modules have BTF: {}", out.stderr);
+        }
+        let cmds = out.json();
+        let reads = cmds.iter().filter(|c| c.get("dir").str() == "R").count() as u64;
+        let writes = cmds.iter().filter(|c| c.get("dir").str() == "W").count() as u64;
+        println!("fio: {} reads {} writes; isclatency ({name}: {}): {} commands ({reads} R, {writes} W)", f.reads, f.writes, if fentry { "fentry" } else { "kprobes" }, cmds.len());
+        assert_eq!(cmds.len() as u64, f.ios(), "exactly one line per fio I/O");
+        assert_eq!((reads, writes), (f.reads, f.writes));
+        assert!(cmds.iter().all(|c| c.get("disk").str() == d && c.get("bytes").u64() == 4096 && c.get("ok") == &Json::Bool(true)));
+        check_sane(&cmds, out.elapsed);
+        assert_eq!(out.summary("events lost"), 0);
+        assert_eq!(out.summary("still in flight"), 0);
+        assert_eq!(out.summary("commands shown"), f.ios());
+    }
 }
 
 

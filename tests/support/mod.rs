@@ -175,7 +175,22 @@ pub fn bin(name: &str) -> String {
 /// Start a tool and wait for its "Tracing" line (compiling under emulation
 /// takes tens of seconds: wait for the line, never a fixed time).
 pub fn start(tool: &str, args: &[&str]) -> Traced {
-    let mut child = Command::new(bin(tool)).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn tool");
+    spawn(tool, args, &[]).ready()
+}
+
+/// A tool started but maybe still compiling: start several, then wait for
+/// each, so their compilations overlap.
+pub struct Starting {
+    tool: String,
+    args: Vec<String>,
+    child: Child,
+    stdout: mpsc::Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    ready: mpsc::Receiver<()>,
+}
+
+pub fn spawn(tool: &str, args: &[&str], env: &[(&str, &str)]) -> Starting {
+    let mut child = Command::new(bin(tool)).args(args).envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn tool");
     let (tx, rx) = mpsc::channel();
     let out = child.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -204,17 +219,24 @@ pub fn start(tool: &str, args: &[&str]) -> Traced {
             }
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if ready_rx.recv_timeout(Duration::from_millis(200)).is_ok() {
-            break;
+    Starting { tool: tool.to_string(), args: args.iter().map(|a| a.to_string()).collect(), child, stdout: rx, stderr: err_text, ready: ready_rx }
+}
+
+impl Starting {
+    pub fn ready(mut self) -> Traced {
+        let (tool, args) = (&self.tool, &self.args);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            if self.ready.recv_timeout(Duration::from_millis(200)).is_ok() {
+                break;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("{tool} {args:?} exited with {st} before tracing: {}", self.stderr.lock().unwrap());
+            }
+            assert!(Instant::now() < deadline, "{tool} did not start tracing in 300 s: {}", self.stderr.lock().unwrap());
         }
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("{tool} {args:?} exited with {st} before tracing: {}", err_text.lock().unwrap());
-        }
-        assert!(Instant::now() < deadline, "{tool} did not start tracing in 300 s: {}", err_text.lock().unwrap());
+        Traced { name: self.tool, child: self.child, stdout: self.stdout, stderr: self.stderr, started: Instant::now() }
     }
-    Traced { name: tool.to_string(), child, stdout: rx, stderr: err_text, started: Instant::now() }
 }
 
 impl Traced {
