@@ -168,6 +168,7 @@ pub fn print_events(events: &mut Events, stop: &Stop, out: &mut crate::output::O
                 break 'outer;
             }
         }
+        out.flush();
     }
     if !out.closed() {
         for rec in events.poll(0) {

@@ -227,6 +227,7 @@ fn run(args: Args) -> Result<()> {
         let recs = events.poll(stop.poll_ms(100));
         view.take(&recs, &mut stack_table);
         view.print_ready(&mut out, false);
+        out.flush();
     }
     // Waiters wake after the unfreeze: give the last ones a moment.
     if !out.closed() {
