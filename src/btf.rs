@@ -62,14 +62,17 @@ impl<'a> Btf<'a> {
         self.types().count() as u32
     }
 
-    /// The id of function `name`. `base` is vmlinux's BTF when `self` is a
-    /// module's split BTF: ids then start after vmlinux's, and a string
-    /// offset below vmlinux's string size names one of vmlinux's strings.
-    pub fn find_func(&self, name: &str, base: Option<&Btf>) -> Option<u32> {
+    /// The id of function `name`. `base` is vmlinux's BTF and its type
+    /// count (`type_count`, counted once by the caller: it walks every type)
+    /// when `self` is a module's split BTF: ids then start after vmlinux's,
+    /// and a string offset below vmlinux's string size names one of
+    /// vmlinux's strings.
+    pub fn find_func(&self, name: &str, base: Option<(&Btf, u32)>) -> Option<u32> {
         let (first_id, base_strings) = match base {
-            Some(b) => (b.type_count() + 1, b.string_bytes()),
+            Some((b, types)) => (types + 1, b.string_bytes()),
             None => (1, 0),
         };
+        let base = base.map(|(b, _)| b);
         let wanted = name.as_bytes();
         for (i, (name_off, kind)) in self.types().enumerate() {
             if kind != KIND_FUNC {
@@ -134,8 +137,8 @@ mod tests {
         assert_eq!(base.find_func("task", None), None, "a struct is not a function");
         let module = blob(&[("iscsi_task", 4, 2), ("", 13, 1), ("iscsi_queuecommand", 12, 0)], base.string_bytes(), &[]);
         let module = Btf::parse(&module).unwrap();
-        assert_eq!(module.find_func("iscsi_queuecommand", Some(&base)), Some(7));
-        assert_eq!(module.find_func("submit_bio", Some(&base)), None);
+        assert_eq!(module.find_func("iscsi_queuecommand", Some((&base, base.type_count()))), Some(7));
+        assert_eq!(module.find_func("submit_bio", Some((&base, base.type_count()))), None);
     }
 
     #[test]

@@ -43,6 +43,16 @@ fn put32(a: &mut [u8], off: usize, v: u32) {
     a[off..off + 4].copy_from_slice(&v.to_ne_bytes());
 }
 
+fn get32(a: &[u8], off: usize) -> u32 {
+    u32::from_ne_bytes([a[off], a[off + 1], a[off + 2], a[off + 3]])
+}
+
+fn get64(a: &[u8], off: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&a[off..off + 8]);
+    u64::from_ne_bytes(b)
+}
+
 fn put64(a: &mut [u8], off: usize, v: u64) {
     a[off..off + 8].copy_from_slice(&v.to_ne_bytes());
 }
@@ -59,19 +69,21 @@ pub struct Target {
 pub struct Resolver {
     root: std::path::PathBuf,
     vmlinux: Vec<u8>,
+    /// vmlinux's type count: module type ids start after it.
+    vmlinux_types: u32,
     modules: std::collections::HashMap<String, (Vec<u8>, std::sync::Arc<OwnedFd>)>,
 }
 
 impl Resolver {
     pub fn new(root: &std::path::Path) -> Result<Resolver> {
         let vmlinux = std::fs::read(root.join("vmlinux")).map_err(|e| Error::env(format!("no kernel BTF ({}/vmlinux: {e})", root.display())))?;
-        Btf::parse(&vmlinux).ok_or_else(|| Error::env("kernel BTF unreadable"))?;
-        Ok(Resolver { root: root.to_path_buf(), vmlinux, modules: Default::default() })
+        let vmlinux_types = Btf::parse(&vmlinux).ok_or_else(unreadable)?.type_count();
+        Ok(Resolver { root: root.to_path_buf(), vmlinux, vmlinux_types, modules: Default::default() })
     }
 
     /// `module` is None for a function of vmlinux.
     pub fn target(&mut self, function: &str, module: Option<&str>) -> Result<Target> {
-        let base = Btf::parse(&self.vmlinux).expect("checked in new");
+        let base = Btf::parse(&self.vmlinux).ok_or_else(unreadable)?;
         let Some(m) = module else {
             let btf_id = base.find_func(function, None).ok_or_else(|| Error::env(format!("{function} is not in the kernel's BTF")))?;
             return Ok(Target { function: function.into(), btf_id, obj: None });
@@ -83,9 +95,13 @@ impl Resolver {
         }
         let (blob, fd) = &self.modules[m];
         let btf = Btf::parse(blob).ok_or_else(|| Error::env(format!("BTF of module {m} unreadable")))?;
-        let btf_id = btf.find_func(function, Some(&base)).ok_or_else(|| Error::env(format!("{function} is not in the BTF of module {m}")))?;
+        let btf_id = btf.find_func(function, Some((&base, self.vmlinux_types))).ok_or_else(|| Error::env(format!("{function} is not in the BTF of module {m}")))?;
         Ok(Target { function: function.into(), btf_id, obj: Some(fd.clone()) })
     }
+}
+
+fn unreadable() -> Error {
+    Error::env("kernel BTF unreadable")
 }
 
 /// The kernel's BTF object of a loaded module, found by name.
@@ -97,7 +113,7 @@ fn module_btf_fd(module: &str) -> Result<OwnedFd> {
         if bpf(BPF_BTF_GET_NEXT_ID, &mut attr).is_err() {
             return Err(Error::env(format!("no BTF object of module {module} loaded")));
         }
-        id = u32::from_ne_bytes(attr[4..8].try_into().unwrap());
+        id = get32(&attr, 4);
         let mut attr = [0u8; 16];
         put32(&mut attr, 0, id);
         let Ok(fd) = bpf(BPF_BTF_GET_FD_BY_ID, &mut attr) else { continue };
@@ -179,7 +195,7 @@ pub fn misses(prog: &OwnedFd) -> u64 {
     put32(&mut attr, 4, info.len() as u32);
     put64(&mut attr, 8, info.as_mut_ptr() as u64);
     match bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) {
-        Ok(_) if u32::from_ne_bytes(attr[4..8].try_into().unwrap()) >= 216 => u64::from_ne_bytes(info[208..216].try_into().unwrap()),
+        Ok(_) if get32(&attr, 4) >= 216 => get64(&info, 208),
         _ => 0,
     }
 }

@@ -99,11 +99,13 @@ pub fn attach(bpf: &mut BPF, probes: &[Probe]) -> Result<Links> {
             ProbeKind::Entry => Kprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
             ProbeKind::Return => Kretprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
             ProbeKind::Fentry | ProbeKind::Fexit => {
-                if resolver.is_none() {
-                    resolver = Some(crate::fentry::Resolver::new(std::path::Path::new(crate::kernel::BTF_DIR))?);
-                }
-                let target = resolver.as_mut().unwrap().target(&p.function, p.module.as_deref())?;
-                let insns = bpf.dump_func(std::ffi::CString::new(p.handler).unwrap()).map_err(|e| fail(e.to_string()))?;
+                let resolver = match &mut resolver {
+                    Some(r) => r,
+                    None => resolver.insert(crate::fentry::Resolver::new(std::path::Path::new(crate::kernel::BTF_DIR))?),
+                };
+                let target = resolver.target(&p.function, p.module.as_deref())?;
+                let name = std::ffi::CString::new(p.handler).map_err(|e| fail(e.to_string()))?;
+                let insns = bpf.dump_func(name).map_err(|e| fail(e.to_string()))?;
                 let side = if p.kind == ProbeKind::Fentry { crate::fentry::Side::Entry } else { crate::fentry::Side::Exit };
                 let prog = crate::fentry::load(&insns, p.handler, side, &target).map_err(fail)?;
                 let link = crate::fentry::attach(&prog).map_err(|e| fail(e.to_string()))?;

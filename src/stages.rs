@@ -157,7 +157,7 @@ impl StagePlan {
         if !kernel.ringbuf {
             return Some("no BPF ring buffer".into());
         }
-        if !kernel.btf_dir.join("vmlinux").exists() {
+        if !kernel.btf {
             return Some("no kernel BTF".into());
         }
         for p in &self.probes {
@@ -212,8 +212,7 @@ pub fn compile_and_attach(
         Err(e) if plan.fentry => {
             eprintln!("{tool}: note: {e}; using kprobes instead");
             drop(bpf);
-            let kp = StagePlan::choose(kernel, plan.task_lookup)?;
-            *plan = StagePlan { notes: plan.notes.clone(), ..kp };
+            *plan = StagePlan { why_kprobes: Some(e.to_string()), ..StagePlan::choose(kernel, plan.task_lookup)? };
             let mut bpf = crate::runner::compile(kernel, &render(plan)?)?;
             filter.load_sets(&bpf)?;
             let links = crate::runner::attach(&mut bpf, &plan.probes)?;

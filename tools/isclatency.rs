@@ -100,9 +100,10 @@ fn run(args: Args) -> Result<()> {
     let mut inflight = bpf.table("inflight")?;
     let in_flight = maps::count_entries(&mut inflight, 1 << 16);
     let unseen = maps::counter(&mut counters, Counter::EndNotSeen);
+    let skipped = links.missed();
     let mut line = format!("{shown} commands shown, {lost} events lost, {ended} ended without a response, {in_flight} still in flight");
-    if unseen + links.missed() > 0 {
-        line += &format!(", {unseen} ends not seen, {} probe hits skipped by the kernel", links.missed());
+    if unseen + skipped > 0 {
+        line += &format!(", {unseen} ends not seen, {skipped} probe hits skipped by the kernel");
     }
     output::summary(args.common.json, &mut out, &[line]);
     Ok(())
