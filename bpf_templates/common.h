@@ -11,13 +11,17 @@ BPF_RINGBUF_OUTPUT(events, 256);
 BPF_PERF_OUTPUT(events);
 #endif
 
-/* counters[i]: see src/maps.rs (Counter) for the meaning of each slot. */
-#define CTR_LOST 0
-#define CTR_ENDED_NO_RESPONSE 1
-#define CTR_DISPATCH_BUSY 2
-#define CTR_INFLIGHT_FULL 3
-#define CTR_END_NOT_SEEN 4
-BPF_ARRAY(counters, u64, 8);
+/* counters[i]: one name per slot, for every tool; src/maps.rs (Counter)
+ * has the same names and numbers, and a test checks that they agree. */
+#define CTR_LOST 0               /* an event or row that did not fit */
+#define CTR_ENDED_NO_RESPONSE 1  /* command aborted, failed by recovery, never sent */
+#define CTR_DISPATCH_BUSY 2      /* iscsi_queuecommand returned busy */
+#define CTR_INFLIGHT_FULL 3      /* in-flight map full: command not timed */
+#define CTR_END_NOT_SEEN 4       /* command memory reused while still in our map */
+#define CTR_FREEZE_UNFILTERED 5  /* iscfreeze: freezes of disks not traced */
+#define CTR_SUBMIT_TIMED 6       /* submitslower: submissions timed */
+#define CTR_SLOTS 8
+BPF_ARRAY(counters, u64, CTR_SLOTS);
 
 static __always_inline void count(int slot)
 {

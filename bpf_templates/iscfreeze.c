@@ -17,7 +17,6 @@
 #define TYPE_WAIT 1
 #define NAME_LEN 32
 #define REQ_NOWAIT_FLAG 1 /* BLK_MQ_REQ_NOWAIT */
-#define CTR_UNFILTERED 4  /* freezes/quiesces skipped by the disk filter */
 
 struct qkey {
     u64 q;
@@ -111,7 +110,7 @@ static __always_inline int begin(struct pt_regs *ctx, struct request_queue *q, u
 #if FILTER_SET
     u32 dev = n.dev;
     if (!disks.lookup(&dev)) {
-        count(CTR_UNFILTERED);
+        count(CTR_FREEZE_UNFILTERED);
         return 0;
     }
 #endif

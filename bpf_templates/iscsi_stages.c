@@ -14,6 +14,8 @@
  * thread at entry for the return probe.
  *
  * WAIT = t_prep - t_queue, SEND = t_sent - t_prep, RESP = t_done - t_sent.
+ * Without HAVE_SENT (iscsi_tcp_task_xmit not traceable) SEND is unknown:
+ * recorded as 0, shown by every tool as '-', and RESP = t_done - t_prep.
  * A command that ends any other way (abort, session recovery, never sent)
  * is dropped from the map and counted, never timed. */
 #include <scsi/scsi_cmnd.h>
@@ -40,6 +42,9 @@
 #define SC_TASK_SCP(sc) (&(sc)->SCp.ptr)
 #define SC_TASK_PRIV(sc) (&((struct iscsi_cmd *)((sc) + 1))->task)
 #define SC_TASK_ADDR(sc) {{TASK_FROM_SC}}(sc)
+/* The CDB: `unsigned char *cmnd` before 5.19 (pointing at the command's
+ * own buffer), `unsigned char cmnd[32]` after. Chosen from the headers. */
+#define CDB_POINTER {{CDB_POINTER}}
 
 #define DIR_OTHER 0
 #define DIR_READ 1
@@ -116,7 +121,14 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
         return 0;
 
     f.bytes = sc->sdb.length;
-    f.opcode = sc->cmnd[0];
+#if CDB_POINTER
+    unsigned char *cdb = NULL;
+    bpf_probe_read_kernel(&cdb, sizeof(cdb), &sc->cmnd);
+    if (cdb)
+        bpf_probe_read_kernel(&f.opcode, sizeof(f.opcode), cdb);
+#else
+    bpf_probe_read_kernel(&f.opcode, sizeof(f.opcode), &sc->cmnd[0]);
+#endif
     bpf_get_current_comm(&f.comm, sizeof(f.comm));
     f.ts_queue = bpf_ktime_get_ns();
     if (inflight.insert(&key, &f) != 0) {
@@ -218,14 +230,22 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
         return 0;
     }
     struct stage_times t = {};
+    if (now < f->ts_queue)
+        now = f->ts_queue;
     u64 prep = f->ts_prep < f->ts_queue ? f->ts_queue : f->ts_prep;
+    if (prep > now)
+        prep = now;
+#if HAVE_SENT
     u64 sent = f->ts_sent;
-    if (!HAVE_SENT || sent == 0 || sent > now)
+    if (sent == 0 || sent > now)
         sent = now;    /* the response beat the send call's return */
     if (sent < prep)
         sent = prep;
-    if (now < f->ts_queue)
-        now = f->ts_queue;
+#else
+    /* SEND cannot be told apart: it stays 0 and every tool shows it as
+     * unknown; RESP counts from PDU preparation. */
+    u64 sent = prep;
+#endif
     t.wait = prep - f->ts_queue;
     t.send = sent - prep;
     t.resp = now - sent;

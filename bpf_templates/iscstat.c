@@ -9,6 +9,13 @@
 /* Exact Prometheus histogram buckets (src/prom.rs LE_NS holds the same
  * bounds): counted per row, stage and bucket when --prom-file is given. */
 #define PROM {{PROM}}
+/* Stage numbers of sum[], max[] and hist_key.stage; src/stats.rs STAGES
+ * lists them in this order (a test checks). */
+#define STAGE_WAIT 0
+#define STAGE_SEND 1
+#define STAGE_RESP 2
+#define STAGE_TOTAL 3
+#define STAGES 4
 
 struct row_key {
     u32 epoch;
@@ -23,8 +30,8 @@ struct row_key {
 struct row_val {
     u64 count;
     u64 bytes;
-    u64 sum[4];
-    u64 max[4];
+    u64 sum[STAGES];
+    u64 max[STAGES];
 };
 
 struct hist_key {
@@ -121,8 +128,10 @@ static __always_inline void on_command_done(void *ctx,
     v->bytes += f->bytes;
     struct hist_key hk = {};
     hk.row = k;
-    add_stage(v, &hk, 0, t->wait);
-    add_stage(v, &hk, 1, t->send);
-    add_stage(v, &hk, 2, t->resp);
-    add_stage(v, &hk, 3, t->total);
+    add_stage(v, &hk, STAGE_WAIT, t->wait);
+#if HAVE_SENT
+    add_stage(v, &hk, STAGE_SEND, t->send);  /* else unknown: no SEND statistics at all */
+#endif
+    add_stage(v, &hk, STAGE_RESP, t->resp);
+    add_stage(v, &hk, STAGE_TOTAL, t->total);
 }

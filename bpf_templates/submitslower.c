@@ -12,7 +12,6 @@
 #define FILTER_SET {{FILTER_SET}}
 /* 1: bio->bi_bdev (5.12+); 0: bio->bi_disk + bi_partno */
 #define BIO_BDEV {{BIO_BDEV}}
-#define CTR_TIMED 4
 
 struct start_t {
     u64 ts;
@@ -100,7 +99,7 @@ int submit_return(struct pt_regs *ctx)
     e.dev = s->dev;
     e.disk = s->disk;
     start.delete(&id);
-    count(CTR_TIMED);
+    count(CTR_SUBMIT_TIMED);
     if (e.lat < MIN_NS)
         return 0;
     e.pid = id >> 32;

@@ -1,4 +1,14 @@
-//! Decoding the records BPF programs send: `struct event` of isclatency.c.
+//! Decoding the records BPF programs send through the ring (or perf)
+//! buffer, one Rust type per C `struct event`:
+//!
+//! | template | C struct | Rust type |
+//! |---|---|---|
+//! | bpf_templates/isclatency.c | `struct event` | [`Command`] |
+//! | bpf_templates/iscfreeze.c | `struct event` | [`FreezeEvent`] |
+//! | bpf_templates/submitslower.c | `struct event` | [`Submission`] |
+//!
+//! The tests below read each C struct from its template (src/layout.rs) and
+//! check that the decoder finds every field where the compiler puts it.
 
 /// Reads native-endian fields in order from a record.
 pub struct Reader<'a> {
@@ -81,9 +91,11 @@ pub struct Command {
     pub comm: String,
 }
 
-pub const COMMAND_SIZE: usize = 102;
 
 impl Command {
+    /// sizeof(struct event) of isclatency.c (a test checks it).
+    pub const SIZE: usize = 104;
+
     pub fn parse(data: &[u8]) -> Option<Command> {
         let mut r = Reader::new(data);
         Some(Command {
@@ -139,53 +151,134 @@ impl Command {
     }
 }
 
+/// A freeze or quiesce that ended (`TYPE_END`), or a submitter's wait for
+/// one (`TYPE_WAIT`): `struct event` of iscfreeze.c.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreezeEvent {
+    pub ty: u64,
+    pub q: u64,
+    /// Freeze start (for a wait: of the freeze waited for).
+    pub start: u64,
+    /// Unfreeze (for a wait: when the wait ended).
+    pub end: u64,
+    /// End: submitters that blocked; wait: wait ns.
+    pub value: u64,
+    pub kind: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub dev: u32,
+    pub stack: i32,
+    pub comm: String,
+    pub disk: String,
+}
+
+impl FreezeEvent {
+    pub const SIZE: usize = 112;
+    pub const TYPE_END: u64 = 0;
+    pub const TYPE_WAIT: u64 = 1;
+    pub const KIND_FREEZE: u32 = 0;
+    pub const KIND_QUIESCE: u32 = 1;
+
+    pub fn parse(b: &[u8]) -> Option<FreezeEvent> {
+        let mut r = Reader::new(b);
+        let (ty, q, start, end, value) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let (kind, pid, tid, dev, stack, _pad) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.i32()?, r.u32()?);
+        Some(FreezeEvent { ty, q, start, end, value, kind, pid, tid, dev, stack, comm: r.cstr(16)?, disk: r.cstr(32)? })
+    }
+}
+
+/// A bio submission that took at least the threshold: `struct event` of
+/// submitslower.c.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submission {
+    /// When the submission returned.
+    pub ts: u64,
+    pub lat: u64,
+    pub pid: u32,
+    pub tid: u32,
+    /// The bio's device (a partition if it targets one) and its whole disk.
+    pub dev: u32,
+    pub disk: u32,
+    pub comm: String,
+}
+
+impl Submission {
+    pub const SIZE: usize = 48;
+
+    pub fn parse(rec: &[u8]) -> Option<Submission> {
+        let mut r = Reader::new(rec);
+        Some(Submission { ts: r.u64()?, lat: r.u64()?, pid: r.u32()?, tid: r.u32()?, dev: r.u32()?, disk: r.u32()?, comm: r.cstr(16)? })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::{self, Sample};
+    use crate::templates;
 
-    pub fn record(wait: u64, send: u64, resp: u64, result: i32, comm: &str) -> Vec<u8> {
-        let mut v = Vec::new();
-        for x in [1_000u64, wait, send, resp, wait + send + resp, 1] {
-            v.extend_from_slice(&x.to_ne_bytes());
-        }
-        for x in [2u32, 0, 0, 1, 0, 4242, 4096, 3] {
-            v.extend_from_slice(&x.to_ne_bytes());
-        }
-        v.extend_from_slice(&result.to_ne_bytes());
-        v.push(2);
-        v.push(0x2a);
-        let mut c = [0u8; 16];
-        c[..comm.len()].copy_from_slice(comm.as_bytes());
-        v.extend_from_slice(&c);
-        v.extend_from_slice(&[0, 0]); // C struct tail padding to 8
-        v
+    fn sample(template: &str) -> Sample {
+        Sample::new(layout::parse(template, "event").unwrap())
     }
 
     #[test]
-    fn parses_a_record() {
-        let c = Command::parse(&record(10, 20, 30, 0, "fio")).unwrap();
-        assert_eq!((c.wait, c.send, c.resp, c.total), (10, 20, 30, 60));
-        assert_eq!((c.host, c.sid, c.pid, c.bytes, c.r2t, c.lun), (2, 1, 4242, 4096, 3, 1));
-        assert_eq!(c.dir, Direction::Write);
-        assert_eq!(c.opcode, 0x2a);
-        assert_eq!(c.comm, "fio");
-        assert_eq!(c.result_text(), "ok");
+    fn command_matches_isclatency_c() {
+        let s = sample(templates::ISCLATENCY);
+        assert_eq!(s.layout.size, Command::SIZE);
+        let c = Command::parse(&s.bytes).unwrap();
+        let got = [c.ts_queue, c.wait, c.send, c.resp, c.total, c.lun, c.host as u64, c.channel as u64, c.id as u64, c.sid as u64, c.cid as u64, c.pid as u64, c.bytes as u64, c.r2t as u64, c.result as u64, c.opcode as u64];
+        let names = ["ts_queue", "wait", "send", "resp", "total", "lun", "host", "channel", "id", "sid", "cid", "pid", "bytes", "r2t", "result", "opcode"];
+        for (g, n) in got.iter().zip(names) {
+            assert_eq!(*g, s.int(n, 0), "field {n}");
+        }
+        assert_eq!(c.dir, Direction::from_code(s.int("dir", 0) as u8));
+        assert_eq!(c.comm, s.string("comm"));
+        assert_eq!(s.layout.fields.len(), names.len() + 2, "every C field is decoded");
+        assert!(Command::parse(&s.bytes[..Command::SIZE - 3]).is_none());
     }
 
     #[test]
-    fn short_record_is_rejected() {
-        let r = record(1, 2, 3, 0, "x");
-        assert!(Command::parse(&r[..COMMAND_SIZE - 1]).is_none());
-        assert!(Command::parse(&r[..COMMAND_SIZE]).is_some());
+    fn freeze_event_matches_iscfreeze_c() {
+        let s = sample(templates::ISCFREEZE);
+        assert_eq!(s.layout.size, FreezeEvent::SIZE);
+        let e = FreezeEvent::parse(&s.bytes).unwrap();
+        let got = [e.ty, e.q, e.start, e.end, e.value, e.kind as u64, e.pid as u64, e.tid as u64, e.dev as u64, e.stack as u64];
+        let names = ["type", "q", "start", "end", "value", "kind", "pid", "tid", "dev", "stack"];
+        for (g, n) in got.iter().zip(names) {
+            assert_eq!(*g, s.int(n, 0), "field {n}");
+        }
+        assert_eq!((e.comm, e.disk), (s.string("comm"), s.string("disk")));
+        assert_eq!(s.layout.fields.len(), names.len() + 3, "every C field but pad is decoded");
+        for (name, v) in [("TYPE_END", FreezeEvent::TYPE_END), ("TYPE_WAIT", FreezeEvent::TYPE_WAIT), ("KIND_FREEZE", FreezeEvent::KIND_FREEZE as u64), ("KIND_QUIESCE", FreezeEvent::KIND_QUIESCE as u64)] {
+            assert!(templates::ISCFREEZE.contains(&format!("#define {name} {v}\n")), "{name}");
+        }
+    }
+
+    #[test]
+    fn submission_matches_submitslower_c() {
+        let s = sample(templates::SUBMITSLOWER);
+        assert_eq!(s.layout.size, Submission::SIZE);
+        let e = Submission::parse(&s.bytes).unwrap();
+        let got = [e.ts, e.lat, e.pid as u64, e.tid as u64, e.dev as u64, e.disk as u64];
+        let names = ["ts", "lat", "pid", "tid", "dev", "disk"];
+        for (g, n) in got.iter().zip(names) {
+            assert_eq!(*g, s.int(n, 0), "field {n}");
+        }
+        assert_eq!(e.comm, s.string("comm"));
+        assert_eq!(s.layout.fields.len(), names.len() + 1);
     }
 
     #[test]
     fn failed_result_is_named() {
-        let c = Command::parse(&record(1, 2, 3, 0x0007_0000, "kworker/0:1")).unwrap();
+        let mut s = sample(templates::ISCLATENCY);
+        let off = s.layout.field("result").offset;
+        s.bytes[off..off + 4].copy_from_slice(&0x0007_0000i32.to_ne_bytes());
+        let c = Command::parse(&s.bytes).unwrap();
         assert!(!c.ok());
         assert_eq!(c.result_text(), "ERROR(0x70000)");
-        assert_eq!(c.comm, "kworker/0:1");
-        let c = Command::parse(&record(1, 2, 3, 0x2, "x")).unwrap();
-        assert_eq!(c.result_text(), "0x2");
+        s.bytes[off..off + 4].copy_from_slice(&0x2i32.to_ne_bytes());
+        assert_eq!(Command::parse(&s.bytes).unwrap().result_text(), "0x2");
+        s.bytes[off..off + 4].copy_from_slice(&0i32.to_ne_bytes());
+        assert_eq!(Command::parse(&s.bytes).unwrap().result_text(), "ok");
     }
 }

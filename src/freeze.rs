@@ -1,244 +1,314 @@
-//! Pieces shared by iscfreeze and submitslower: block device numbers and
-//! names from sysfs, what the kernel headers say about struct layouts, the
-//! disks a tool watches, and kernel stack symbolisation from /proc/kallsyms.
+//! iscfreeze's logic: which functions carry a freeze, a quiesce and a wait
+//! on the running kernel, the template values, naming the disk of a queue,
+//! matching the submitters that waited to the freeze they waited for, and
+//! the per-disk summary from the kernel's totals. The C side is
+//! bpf_templates/iscfreeze.c; its event record is
+//! [`crate::events::FreezeEvent`].
 
+use crate::blockdev::{self, BlockDevs};
 use crate::error::{Error, Result};
-use crate::topology::Topology;
-use std::collections::HashMap;
-use std::fs;
-use std::path::{Path, PathBuf};
+use crate::events::{FreezeEvent, Reader};
+use crate::headers::BlockLayout;
+use crate::kernel::Kernel;
+use crate::runner::Probe;
+use crate::templates::{self, Template, Value};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
-/// The kernel's internal dev_t: MKDEV(major, minor) = major << 20 | minor.
-pub fn kdev(major: u32, minor: u32) -> u32 {
-    (major << 20) | (minor & 0xfffff)
+pub const FREEZE_BEGIN: &[&str] = &["blk_freeze_queue_start", "__blk_freeze_queue_start", "blk_freeze_queue_start_non_owner", "blk_freeze_queue", "blk_mq_freeze_queue", "blk_mq_freeze_queue_nomemsave"];
+pub const FREEZE_END: &[&str] = &["blk_mq_unfreeze_queue", "__blk_mq_unfreeze_queue", "blk_mq_unfreeze_queue_nomemrestore", "blk_mq_unfreeze_queue_non_owner"];
+pub const QUIESCE_BEGIN: &[&str] = &["blk_mq_quiesce_queue", "blk_mq_quiesce_queue_nowait"];
+pub const QUIESCE_END: &[&str] = &["blk_mq_unquiesce_queue"];
+
+/// The probes iscfreeze attaches on this kernel, and what it cannot see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreezePlan {
+    pub probes: Vec<Probe>,
+    pub notes: Vec<String>,
+    pub layout: BlockLayout,
+    pub ringbuf: bool,
 }
 
-pub fn kdev_split(dev: u32) -> (u32, u32) {
-    (dev >> 20, dev & 0xfffff)
-}
-
-/// "8:16" -> kernel dev_t.
-pub fn parse_dev(text: &str) -> Option<u32> {
-    let (ma, mi) = text.trim().split_once(':')?;
-    Some(kdev(ma.parse().ok()?, mi.parse().ok()?))
-}
-
-/// A block device name typed by a user: letters and digits only.
-pub fn validate_disk_name(flag: &str, d: &str) -> Result<()> {
-    if d.is_empty() || d.len() > 32 || !d.chars().all(|c| c.is_ascii_alphanumeric()) {
-        return Err(Error::usage(format!("{flag} '{d}': not a block device name (e.g. sda)")));
-    }
-    Ok(())
-}
-
-/// Block devices (disks and partitions) by kernel dev_t, from `<sysfs>/class/block/*/dev`.
-#[derive(Debug, Clone, Default)]
-pub struct BlockDevs {
-    by_dev: HashMap<u32, String>,
-    sysfs: PathBuf,
-}
-
-impl BlockDevs {
-    pub fn read(sysfs: &Path) -> BlockDevs {
-        let mut by_dev = HashMap::new();
-        if let Ok(rd) = fs::read_dir(sysfs.join("class/block")) {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if let Some(dev) = fs::read_to_string(e.path().join("dev")).ok().and_then(|t| parse_dev(&t)) {
-                    by_dev.insert(dev, name);
-                }
-            }
+impl FreezePlan {
+    pub fn choose(kernel: &Kernel, layout: BlockLayout) -> Result<FreezePlan> {
+        let have = |c: &[&'static str]| -> Vec<&'static str> { c.iter().copied().filter(|f| kernel.can_probe(f)).collect() };
+        let mut probes = Vec::new();
+        let mut notes = Vec::new();
+        let (fb, fe) = (have(FREEZE_BEGIN), have(FREEZE_END));
+        if fb.is_empty() {
+            return Err(Error::missing_probe("a queue freeze", FREEZE_BEGIN));
         }
-        BlockDevs { by_dev, sysfs: sysfs.to_path_buf() }
-    }
-
-    /// Name of a dev_t; re-reads sysfs once if unknown (a disk that appeared later).
-    pub fn name(&mut self, dev: u32) -> String {
-        if dev == 0 {
-            return "-".to_string();
+        if fe.is_empty() {
+            return Err(Error::missing_probe("a queue unfreeze", FREEZE_END));
         }
-        if !self.by_dev.contains_key(&dev) {
-            *self = BlockDevs::read(&self.sysfs.clone());
+        probes.extend(fb.iter().map(|f| Probe::entry(f, "freeze_begin")));
+        probes.extend(fe.iter().map(|f| Probe::entry(f, "freeze_end")));
+        let (qb, qe) = (have(QUIESCE_BEGIN), have(QUIESCE_END));
+        if qb.is_empty() || qe.is_empty() {
+            notes.push(format!("no traceable {} / {}: quiesces (iSCSI recovery stalls) are not shown", QUIESCE_BEGIN.join(", "), QUIESCE_END.join(", ")));
+        } else {
+            probes.extend(qb.iter().map(|f| Probe::entry(f, "quiesce_begin")));
+            probes.extend(qe.iter().map(|f| Probe::entry(f, "quiesce_end")));
         }
-        match self.by_dev.get(&dev) {
-            Some(n) => n.clone(),
-            None => {
-                let (ma, mi) = kdev_split(dev);
-                format!("{ma}:{mi}")
-            }
+        if kernel.can_probe("blk_queue_enter") {
+            probes.push(Probe::entry("blk_queue_enter", "wait_enter_queue"));
+            probes.push(Probe::ret("blk_queue_enter", "wait_return"));
+        } else {
+            notes.push("blk_queue_enter is not traceable: waits for request allocation (passthrough commands) are not counted".into());
         }
+        if kernel.can_probe("__bio_queue_enter") {
+            probes.push(Probe::entry("__bio_queue_enter", "wait_enter_bio"));
+            probes.push(Probe::ret("__bio_queue_enter", "wait_return"));
+        } else {
+            notes.push("__bio_queue_enter is not traceable (bio_queue_enter is inline before 6.1): bios that wait for an unfreeze are not counted".into());
+        }
+        if !layout.queue_disk {
+            notes.push("struct request_queue has no disk pointer (before 5.15): disks are named from the queue's bdi, filtered in user space".into());
+        }
+        Ok(FreezePlan { probes, notes, layout, ringbuf: kernel.ringbuf })
     }
 
-    /// The dev_t of a whole disk, `<sysfs>/block/<name>/dev`.
-    pub fn disk_dev(sysfs: &Path, flag: &str, name: &str) -> Result<u32> {
-        validate_disk_name(flag, name)?;
-        let p = sysfs.join("block").join(name).join("dev");
-        let text = fs::read_to_string(&p).map_err(|_| {
-            let mut known: Vec<String> = fs::read_dir(sysfs.join("block")).map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
-            known.sort();
-            Error::usage(format!("{flag} {name}: no such disk (disks: {})", if known.is_empty() { "none".to_string() } else { known.join(" ") }))
-        })?;
-        parse_dev(&text).ok_or_else(|| Error::env(format!("{}: unexpected content {:?}", p.display(), text.trim())))
+    /// The program; `filter_set`: only the disks put in the `disks` map
+    /// (filtered in user space where the queue has no disk pointer).
+    pub fn render(&self, min_us: u64, filter_set: bool) -> Result<String> {
+        let values: Vec<(&str, Value)> = vec![
+            ("USE_RINGBUF", self.ringbuf.into()),
+            ("MIN_US", min_us.into()),
+            ("FILTER_SET", (filter_set && self.layout.queue_disk).into()),
+            ("QUEUE_DISK", self.layout.queue_disk.into()),
+            ("QUIESCE_DEPTH", self.layout.quiesce_depth.into()),
+        ];
+        Template::new(&[templates::COMMON, templates::ISCFREEZE]).render(&values)
+    }
+
+    pub fn describe(&self, kernel: &Kernel) -> String {
+        format!(
+            "kernel {}: functions from {:?}, ring buffer: {}, queue disk via {}, nested quiesce depth: {}",
+            kernel.release, kernel.source, kernel.ringbuf, if self.layout.queue_disk { "q->disk" } else { "q->backing_dev_info" }, self.layout.quiesce_depth
+        )
     }
 }
 
-/// Disks of every iSCSI LUN, in session/LUN order.
-pub fn iscsi_disks(topo: &Topology) -> Vec<String> {
-    topo.sessions.iter().flat_map(|s| s.luns.iter().filter_map(|l| l.disk.clone())).collect()
+/// Names the disk of a queue from what the program recorded: the gendisk's
+/// name (q->disk), or the bdi's "major:minor" on kernels without it, where
+/// the disk filter is applied here.
+pub struct DiskNamer {
+    pub layout: BlockLayout,
+    pub devs: BlockDevs,
+    /// Whole-disk dev_t numbers traced; None: every disk.
+    pub wanted: Option<HashSet<u32>>,
 }
 
-/// Does `include/<rel>` of the first header tree that has it contain `needle`?
-/// None when no tree has the file.
-pub fn header_contains(dirs: &[PathBuf], rel: &str, needle: &str) -> Option<bool> {
-    dirs.iter().find_map(|d| fs::read_to_string(d.join("include").join(rel)).ok()).map(|t| t.contains(needle))
-}
-
-/// The body of `struct <name> {` ... `};` in `include/<rel>`, if found.
-pub fn header_struct(dirs: &[PathBuf], rel: &str, name: &str) -> Option<String> {
-    let text = dirs.iter().find_map(|d| fs::read_to_string(d.join("include").join(rel)).ok())?;
-    let open = format!("struct {name} {{");
-    let start = text.lines().position(|l| l.starts_with(&open))?;
-    let body: Vec<&str> = text.lines().skip(start + 1).take_while(|l| !l.starts_with("};")).collect();
-    Some(body.join("\n"))
-}
-
-/// Struct layout facts the two templates depend on, read from the headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
-    /// `bio->bi_bdev` (5.12+), else `bio->bi_disk` + `bi_partno`.
-    pub bio_bdev: bool,
-    /// `struct request_queue` has `struct gendisk *disk` (5.15+).
-    pub queue_disk: bool,
-    /// `struct request_queue` has `quiesce_depth` (nested quiesce, 5.17+).
-    pub quiesce_depth: bool,
-}
-
-impl Layout {
-    /// What a current kernel (6.1+) has: used by --ebpf when no headers are installed.
-    pub fn modern() -> Layout {
-        Layout { bio_bdev: true, queue_disk: true, quiesce_depth: true }
-    }
-
-    pub fn from_headers(dirs: &[PathBuf]) -> Result<Layout> {
-        let lack = |what: &str| {
-            Error::env(format!(
-                "kernel headers lack {what} (looked in {}): install the full linux-headers package",
-                dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
-            ))
+impl DiskNamer {
+    /// (name, dev) of a queue's disk, or None when the filter excludes it.
+    pub fn disk(&mut self, dev: u32, name: &str) -> Option<(String, u32)> {
+        let (name, dev) = if self.layout.queue_disk {
+            (if name.is_empty() { "-".to_string() } else { name.to_string() }, dev)
+        } else {
+            let dev = blockdev::parse_dev(name).unwrap_or(0);
+            (self.devs.name(dev), dev)
         };
-        let bio_bdev = header_contains(dirs, "linux/blk_types.h", "*bi_bdev;").ok_or_else(|| lack("include/linux/blk_types.h"))?;
-        let q = header_struct(dirs, "linux/blkdev.h", "request_queue").ok_or_else(|| lack("struct request_queue in include/linux/blkdev.h"))?;
-        Ok(Layout {
-            bio_bdev,
-            queue_disk: q.lines().any(|l| l.contains("struct gendisk") && l.trim_end().ends_with("*disk;")),
-            quiesce_depth: q.contains("quiesce_depth"),
-        })
-    }
-}
-
-/// Kernel symbols from /proc/kallsyms, for stack addresses.
-#[derive(Debug, Clone, Default)]
-pub struct Ksyms {
-    syms: Vec<(u64, String)>,
-}
-
-impl Ksyms {
-    pub fn load() -> Ksyms {
-        Ksyms::parse(&fs::read_to_string("/proc/kallsyms").unwrap_or_default())
-    }
-
-    pub fn parse(text: &str) -> Ksyms {
-        let mut syms: Vec<(u64, String)> = text
-            .lines()
-            .filter_map(|l| {
-                let mut it = l.split_whitespace();
-                let addr = u64::from_str_radix(it.next()?, 16).ok()?;
-                let kind = it.next()?;
-                let name = it.next()?;
-                (addr != 0 && matches!(kind, "t" | "T" | "w" | "W")).then(|| (addr, name.to_string()))
-            })
-            .collect();
-        syms.sort();
-        Ksyms { syms }
-    }
-
-    /// `name+0xoff`, or the address in hex.
-    pub fn resolve(&self, addr: u64) -> String {
-        let i = self.syms.partition_point(|(a, _)| *a <= addr);
-        if i == 0 {
-            return format!("0x{addr:x}");
+        match &self.wanted {
+            Some(w) if !self.layout.queue_disk && !w.contains(&dev) => None,
+            _ => Some((name, dev)),
         }
-        let (a, n) = &self.syms[i - 1];
-        format!("{n}+0x{:x}", addr - a)
-    }
-
-    /// Function name only (for matching).
-    pub fn name(&self, addr: u64) -> String {
-        let s = self.resolve(addr);
-        s.split('+').next().unwrap_or("").to_string()
     }
 }
 
-/// Addresses of a BPF_STACK_TRACE value (127 u64 slots, zero-terminated).
-pub fn stack_addrs(value: &[u8]) -> Vec<u64> {
-    value.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).take_while(|&a| a != 0).collect()
+/// A freeze or quiesce that ended, waiting for its waiters' reports.
+#[derive(Debug, Clone)]
+pub struct Ended {
+    pub rec: FreezeEvent,
+    pub disk: String,
+    /// Kernel stack of the starter, symbolised.
+    pub stack: Vec<String>,
+    arrived: Instant,
+}
+
+/// Matches waits to the freeze they waited for. Waiters wake after the
+/// unfreeze, so their reports arrive after the freeze's: a freeze is ready
+/// when as many waits as it counted have come, or after `patience`.
+#[derive(Debug)]
+pub struct Matcher {
+    pending: Vec<Ended>,
+    /// (queue, freeze start) -> (wait ns of each waiter seen, first arrival)
+    waits: HashMap<(u64, u64), (Vec<u64>, Instant)>,
+    patience: Duration,
+}
+
+impl Default for Matcher {
+    fn default() -> Self {
+        Matcher { pending: Vec::new(), waits: HashMap::new(), patience: Duration::from_secs(1) }
+    }
+}
+
+impl Matcher {
+    pub fn wait(&mut self, rec: &FreezeEvent, now: Instant) {
+        self.waits.entry((rec.q, rec.start)).or_insert_with(|| (Vec::new(), now)).0.push(rec.value);
+    }
+
+    pub fn ended(&mut self, rec: FreezeEvent, disk: String, stack: Vec<String>, now: Instant) {
+        self.pending.push(Ended { rec, disk, stack, arrived: now });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Freezes ready to print (all of them with `all`), each with the wait
+    /// times of its waiters, in arrival order. Waits of freezes never
+    /// shown (under the threshold, another disk) are dropped after twice
+    /// the patience.
+    pub fn ready(&mut self, all: bool, now: Instant) -> Vec<(Ended, Vec<u64>)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &self.pending[i];
+            let got = self.waits.get(&(p.rec.q, p.rec.start)).map(|w| w.0.len() as u64).unwrap_or(0);
+            if all || got >= p.rec.value || now.duration_since(p.arrived) >= self.patience {
+                let p = self.pending.remove(i);
+                let w = self.waits.remove(&(p.rec.q, p.rec.start)).map(|w| w.0).unwrap_or_default();
+                out.push((p, w));
+            } else {
+                i += 1;
+            }
+        }
+        let keep = self.patience * 2;
+        self.waits.retain(|_, (_, t)| now.duration_since(*t) < keep);
+        out
+    }
+}
+
+/// `struct total_t` of iscfreeze.c, keyed by `struct qkey`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Total {
+    pub kind: u32,
+    pub count: u64,
+    pub time_ns: u64,
+    pub waits: u64,
+    pub wait_ns: u64,
+    pub max_wait_ns: u64,
+    pub dev: u32,
+    pub disk: String,
+}
+
+impl Total {
+    pub const KEY_SIZE: usize = 16;
+    pub const SIZE: usize = 80;
+
+    pub fn parse(key: &[u8], value: &[u8]) -> Option<Total> {
+        let mut k = Reader::new(key);
+        let (_queue, kind) = (k.u64()?, k.u32()?);
+        let mut r = Reader::new(value);
+        let (count, time_ns, waits, wait_ns, max_wait_ns, dev, _pad, disk) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u32()?, r.u32()?, r.cstr(32)?);
+        Some(Total { kind, count, time_ns, waits, wait_ns, max_wait_ns, dev, disk })
+    }
+}
+
+/// Per disk: every freeze and quiesce, whatever the threshold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DiskSummary {
+    pub freezes: u64,
+    pub frozen_ns: u64,
+    pub delayed: u64,
+    pub waited_ns: u64,
+    pub max_wait_ns: u64,
+    pub quiesces: u64,
+    pub quiesced_ns: u64,
+}
+
+/// Fold the kernel's totals (one per queue and kind) into one row per disk.
+pub fn summarise(totals: &[Total], namer: &mut DiskNamer) -> BTreeMap<String, DiskSummary> {
+    let mut per_disk: BTreeMap<String, DiskSummary> = BTreeMap::new();
+    for t in totals {
+        let Some((disk, _)) = namer.disk(t.dev, &t.disk) else { continue };
+        let row = per_disk.entry(disk).or_default();
+        if t.kind == FreezeEvent::KIND_FREEZE {
+            row.freezes += t.count;
+            row.frozen_ns += t.time_ns;
+            row.delayed += t.waits;
+            row.waited_ns += t.wait_ns;
+            row.max_wait_ns = row.max_wait_ns.max(t.max_wait_ns);
+        } else {
+            row.quiesces += t.count;
+            row.quiesced_ns += t.time_ns;
+        }
+    }
+    per_disk
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::{self, Sample};
 
-    #[test]
-    fn dev_numbers() {
-        assert_eq!(parse_dev("8:16\n"), Some((8 << 20) | 16));
-        assert_eq!(kdev_split(kdev(259, 3)), (259, 3));
-        assert_eq!(parse_dev("x"), None);
+    fn ev(ty: u64, q: u64, start: u64, value: u64) -> FreezeEvent {
+        FreezeEvent { ty, q, start, end: start + 10, value, kind: 0, pid: 1, tid: 1, dev: 0, stack: -1, comm: "x".into(), disk: "sda".into() }
     }
 
     #[test]
-    fn names_are_checked() {
-        assert!(validate_disk_name("--disk", "sda").is_ok());
-        let e = validate_disk_name("--disk", "sda) || (1").unwrap_err();
-        assert_eq!(e.exit_code(), 2);
+    fn a_freeze_waits_for_its_waiters_then_for_patience() {
+        let t0 = Instant::now();
+        let mut m = Matcher::default();
+        m.ended(ev(0, 7, 100, 2), "sda".into(), vec![], t0);
+        m.ended(ev(0, 8, 100, 0), "sdb".into(), vec![], t0);
+        m.wait(&ev(1, 7, 100, 500), t0);
+        m.wait(&ev(1, 9, 555, 1), t0); // a freeze never shown
+        let r = m.ready(false, t0);
+        assert_eq!(r.len(), 1, "sdb counted no waiter: ready at once; sda has 1 of 2");
+        assert_eq!(r[0].0.disk, "sdb");
+        m.wait(&ev(1, 7, 100, 700), t0);
+        let r = m.ready(false, t0);
+        assert_eq!((r[0].0.disk.as_str(), r[0].1.clone()), ("sda", vec![500, 700]));
+        // A freeze whose waiters never all report is shown after patience.
+        m.ended(ev(0, 7, 200, 3), "sda".into(), vec![], t0);
+        assert!(m.ready(false, t0 + Duration::from_millis(999)).is_empty());
+        assert_eq!(m.ready(false, t0 + Duration::from_secs(1)).len(), 1);
+        assert!(m.is_empty());
+        assert_eq!(m.waits.len(), 1, "the wait of a freeze never shown is kept a while");
+        assert!(m.ready(false, t0 + Duration::from_secs(2)).is_empty());
+        assert!(m.waits.is_empty(), "stale waits dropped after twice the patience");
     }
 
     #[test]
-    fn block_devs_from_sysfs() {
-        let d = std::env::temp_dir().join(format!("stpt-freeze-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(d.join("class/block/sdb")).unwrap();
-        fs::create_dir_all(d.join("block/sdb")).unwrap();
-        fs::write(d.join("class/block/sdb/dev"), "8:16\n").unwrap();
-        fs::write(d.join("block/sdb/dev"), "8:16\n").unwrap();
-        let mut b = BlockDevs::read(&d);
-        assert_eq!(b.name(kdev(8, 16)), "sdb");
-        assert_eq!(b.name(kdev(8, 17)), "8:17");
-        assert_eq!(BlockDevs::disk_dev(&d, "--disk", "sdb").unwrap(), kdev(8, 16));
-        let e = BlockDevs::disk_dev(&d, "--disk", "sdq").unwrap_err();
-        assert_eq!(e.to_string(), "--disk sdq: no such disk (disks: sdb)");
+    fn totals_match_iscfreeze_c_and_fold_per_disk() {
+        let key = Sample::new(layout::parse(templates::ISCFREEZE, "qkey").unwrap());
+        let val = Sample::new(layout::parse(templates::ISCFREEZE, "total_t").unwrap());
+        assert_eq!((key.layout.size, val.layout.size), (Total::KEY_SIZE, Total::SIZE));
+        let t = Total::parse(&key.bytes, &val.bytes).unwrap();
+        assert_eq!(t.kind as u64, key.int("kind", 0));
+        assert_eq!([t.count, t.time_ns, t.waits, t.wait_ns, t.max_wait_ns, t.dev as u64], ["count", "time_ns", "waits", "wait_ns", "max_wait_ns", "dev"].map(|n| val.int(n, 0)));
+        assert_eq!(t.disk, val.string("disk"));
+
+        let mut namer = DiskNamer { layout: BlockLayout::modern(), devs: BlockDevs::default(), wanted: None };
+        let f = |kind, count, max| Total { kind, count, time_ns: 10 * count, waits: count, wait_ns: count, max_wait_ns: max, dev: 1, disk: "sda".into() };
+        let s = summarise(&[f(0, 2, 5), f(0, 1, 9), f(1, 4, 0)], &mut namer);
+        assert_eq!(s["sda"], DiskSummary { freezes: 3, frozen_ns: 30, delayed: 3, waited_ns: 3, max_wait_ns: 9, quiesces: 4, quiesced_ns: 40 });
     }
 
     #[test]
-    fn layout_from_headers() {
-        let d = std::env::temp_dir().join(format!("stpt-layout-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(d.join("new/include/linux")).unwrap();
-        fs::create_dir_all(d.join("old/include/linux")).unwrap();
-        fs::write(d.join("new/include/linux/blk_types.h"), "struct bio {\n\tstruct block_device\t*bi_bdev;\n};\n").unwrap();
-        fs::write(d.join("new/include/linux/blkdev.h"), "struct gendisk {\n};\nstruct request_queue {\n\tstruct gendisk\t\t*disk;\n\tint quiesce_depth;\n};\n").unwrap();
-        fs::write(d.join("old/include/linux/blk_types.h"), "struct bio {\n\tstruct gendisk\t*bi_disk;\n};\n").unwrap();
-        fs::write(d.join("old/include/linux/blkdev.h"), "struct request_queue {\n\tstruct backing_dev_info\t*backing_dev_info;\n};\nstruct x {\n\tstruct gendisk *disk;\n};\n").unwrap();
-        assert_eq!(Layout::from_headers(&[d.join("nothing"), d.join("new")]).unwrap(), Layout::modern());
-        assert_eq!(Layout::from_headers(&[d.join("old")]).unwrap(), Layout { bio_bdev: false, queue_disk: false, quiesce_depth: false });
-        assert!(Layout::from_headers(&[d.join("nothing")]).is_err());
+    fn old_kernels_name_and_filter_disks_in_user_space() {
+        let old = BlockLayout { bio_bdev: false, queue_disk: false, quiesce_depth: false };
+        let mut namer = DiskNamer { layout: old, devs: BlockDevs::default(), wanted: Some(HashSet::from([blockdev::kdev(8, 0)])) };
+        assert_eq!(namer.disk(0, "8:0"), Some(("8:0".to_string(), blockdev::kdev(8, 0))));
+        assert_eq!(namer.disk(0, "8:16"), None);
+        let mut namer = DiskNamer { layout: BlockLayout::modern(), devs: BlockDevs::default(), wanted: Some(HashSet::new()) };
+        assert_eq!(namer.disk(5, ""), Some(("-".to_string(), 5)), "filtered in the kernel already");
     }
 
     #[test]
-    fn ksyms_resolve() {
-        let k = Ksyms::parse("ffffffff81000000 T _stext\nffffffff81000100 t elevator_switch\nffffffff81000200 d data\nffffffffc0000000 t iscsi_queuecommand\t[libiscsi]\n");
-        assert_eq!(k.resolve(0xffffffff81000110), "elevator_switch+0x10");
-        assert_eq!(k.name(0xffffffff81000210), "elevator_switch");
-        assert_eq!(k.resolve(0x10), "0x10");
-        assert_eq!(stack_addrs(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]), vec![1]);
+    fn every_branch_renders() {
+        for queue_disk in [true, false] {
+            for quiesce_depth in [true, false] {
+                for ringbuf in [true, false] {
+                    for filter in [true, false] {
+                        let p = FreezePlan { probes: vec![], notes: vec![], layout: BlockLayout { bio_bdev: true, queue_disk, quiesce_depth }, ringbuf };
+                        let c = p.render(5, filter).unwrap();
+                        assert!(c.contains(&format!("#define FILTER_SET {}\n", (filter && queue_disk) as u8)));
+                        assert!(c.contains(&format!("#define QUEUE_DISK {}\n", queue_disk as u8)) && !c.contains("{{"));
+                    }
+                }
+            }
+        }
     }
 }

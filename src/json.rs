@@ -21,6 +21,11 @@ pub fn escape(s: &str) -> String {
     out
 }
 
+/// Integer types: what `num` writes as a JSON number as it is.
+pub trait Integer: std::fmt::Display + Copy {}
+macro_rules! integers { ($($t:ty),*) => { $(impl Integer for $t {})* } }
+integers!(u8, u16, u32, u64, usize, i8, i16, i32, i64);
+
 impl Object {
     pub fn new() -> Self {
         Object { buf: String::from("{") }
@@ -46,12 +51,24 @@ impl Object {
             None => self.null(k),
         }
     }
-    pub fn num<N: std::fmt::Display>(mut self, k: &str, v: N) -> Self {
+    /// An integer (only integer types implement [`Integer`]).
+    pub fn num<N: Integer>(mut self, k: &str, v: N) -> Self {
         self.key(k);
         self.buf.push_str(&v.to_string());
         self
     }
-    pub fn opt_num<N: std::fmt::Display>(self, k: &str, v: Option<N>) -> Self {
+    /// A float with `decimals` digits; null when not finite (JSON has no
+    /// NaN or infinity).
+    pub fn float(mut self, k: &str, v: f64, decimals: usize) -> Self {
+        self.key(k);
+        if v.is_finite() {
+            self.buf.push_str(&format!("{v:.decimals$}"));
+        } else {
+            self.buf.push_str("null");
+        }
+        self
+    }
+    pub fn opt_num<N: Integer>(self, k: &str, v: Option<N>) -> Self {
         match v {
             Some(n) => self.num(k, n),
             None => self.null(k),
@@ -82,5 +99,11 @@ mod tests {
         assert_eq!(s, r#"{"comm":"a\"b\\c\n","ns":12,"r2t":null,"ok":true}"#);
         assert_eq!(Object::new().finish(), "{}");
         assert_eq!(escape("\u{1}"), "\\u0001");
+    }
+
+    #[test]
+    fn floats_are_finite_or_null() {
+        let s = Object::new().float("a", 1.23456, 3).float("b", f64::NAN, 3).float("c", f64::INFINITY, 1).num("d", -4i32).finish();
+        assert_eq!(s, r#"{"a":1.235,"b":null,"c":null,"d":-4}"#);
     }
 }

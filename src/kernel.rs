@@ -79,15 +79,17 @@ impl Kernel {
 
     pub fn from_paths(p: &Paths) -> Kernel {
         let tracefs = p.tracefs.iter().find(|d| d.join("available_filter_functions").exists()).cloned();
+        // kallsyms is read once: for the ring buffer, and for the functions
+        // where tracefs cannot say.
+        let kallsyms = fs::read_to_string(&p.kallsyms).ok();
+        let ringbuf = kallsyms.as_deref().unwrap_or("").lines().any(|l| l.split_whitespace().nth(2) == Some("bpf_ringbuf_output"));
         let (source, functions) = match tracefs.as_ref().and_then(|d| fs::read_to_string(d.join("available_filter_functions")).ok()) {
             Some(text) if !text.is_empty() => (FunctionSource::FilterFunctions, parse_filter_functions(&text)),
-            _ => match fs::read_to_string(&p.kallsyms) {
-                Ok(text) => (FunctionSource::Kallsyms, parse_kallsyms(&text)),
-                Err(_) => (FunctionSource::None, HashMap::new()),
+            _ => match &kallsyms {
+                Some(text) => (FunctionSource::Kallsyms, parse_kallsyms(text)),
+                None => (FunctionSource::None, HashMap::new()),
             },
         };
-        let kallsyms_text = fs::read_to_string(&p.kallsyms).unwrap_or_default();
-        let ringbuf = kallsyms_text.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf_ringbuf_output"));
         let headers_wanted = p
             .headers_override
             .clone()
@@ -186,13 +188,9 @@ fn module_field(f: Option<&str>) -> Option<String> {
 /// `address type name [module]`; text symbols (t/T) only.
 pub fn parse_kallsyms(text: &str) -> HashMap<String, Option<String>> {
     text.lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let _addr = it.next()?;
-            let kind = it.next()?;
-            let name = it.next()?;
-            matches!(kind, "t" | "T").then(|| (name.to_string(), module_field(it.next())))
-        })
+        .filter_map(crate::ksyms::parse_line)
+        .filter(|&(_, kind, _, _)| matches!(kind, 't' | 'T'))
+        .map(|(_, _, name, module)| (name.to_string(), module.map(str::to_string)))
         .collect()
 }
 
@@ -220,16 +218,14 @@ mod tests {
         }
     }
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("stpt-kernel-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        d
+    fn tmp() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap()
     }
 
     #[test]
     fn filter_functions_win_over_kallsyms() {
-        let d = tmp("ff");
-        let p = fixture(&d, Some("iscsi_queuecommand [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\nsubmit_bio_noacct\n"),
+        let t = tmp();
+        let p = fixture(t.path(), Some("iscsi_queuecommand [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\nsubmit_bio_noacct\n"),
             "ffffffff81000000 T bpf_ringbuf_output\nffffffffc0000000 t iscsi_requeue_task [libiscsi]\n");
         let k = Kernel::from_paths(&p);
         assert_eq!(k.source, FunctionSource::FilterFunctions);
@@ -253,8 +249,8 @@ mod tests {
 
     #[test]
     fn kallsyms_fallback_takes_text_symbols_only() {
-        let d = tmp("ks");
-        let p = fixture(&d, None, "0000000000000000 T iscsi_queuecommand [libiscsi]\n0000000000000000 d iscsi_data [libiscsi]\n");
+        let t = tmp();
+        let p = fixture(t.path(), None, "0000000000000000 T iscsi_queuecommand [libiscsi]\n0000000000000000 d iscsi_data [libiscsi]\n");
         let k = Kernel::from_paths(&p);
         assert_eq!(k.source, FunctionSource::Kallsyms);
         assert!(k.can_probe("iscsi_queuecommand"));
@@ -265,8 +261,9 @@ mod tests {
 
     #[test]
     fn missing_headers_name_the_path() {
-        let d = tmp("hdr");
-        let mut p = fixture(&d, Some(""), "");
+        let t = tmp();
+        let d = t.path();
+        let mut p = fixture(d, Some(""), "");
         let k = Kernel::from_paths(&p);
         let e = k.require_headers().unwrap_err();
         assert!(e.to_string().contains("modules/6.1.0-57-amd64/build"), "{e}");

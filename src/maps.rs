@@ -6,16 +6,78 @@ use bcc::table::Table;
 use bcc_sys::bccapi::{bpf_get_first_key, bpf_get_next_key, bpf_lookup_elem};
 use std::os::raw::c_void;
 
-/// Slots of the `counters` array every program has (bpf_templates/common.h).
+/// Slots of the `counters` array every program has: the `CTR_*` defines of
+/// bpf_templates/common.h, one name per slot (a test checks they agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counter {
+    /// An event or row that did not fit (buffer or map full).
     Lost = 0,
+    /// Commands aborted, failed by session recovery, or never sent.
     EndedNoResponse = 1,
+    /// iscsi_queuecommand returned busy: dispatched again later.
     DispatchBusy = 2,
+    /// The in-flight map was full: command not timed.
     InflightFull = 3,
     /// A command's memory reused while our map still held it: the kernel
     /// skipped the program that would have seen its end.
     EndNotSeen = 4,
+    /// iscfreeze: freezes and quiesces of disks not traced.
+    FreezeUnfiltered = 5,
+    /// submitslower: submissions timed (any length).
+    SubmitTimed = 6,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 7] = [Counter::Lost, Counter::EndedNoResponse, Counter::DispatchBusy, Counter::InflightFull, Counter::EndNotSeen, Counter::FreezeUnfiltered, Counter::SubmitTimed];
+
+    /// The name of its slot in common.h.
+    pub fn c_name(self) -> &'static str {
+        match self {
+            Counter::Lost => "CTR_LOST",
+            Counter::EndedNoResponse => "CTR_ENDED_NO_RESPONSE",
+            Counter::DispatchBusy => "CTR_DISPATCH_BUSY",
+            Counter::InflightFull => "CTR_INFLIGHT_FULL",
+            Counter::EndNotSeen => "CTR_END_NOT_SEEN",
+            Counter::FreezeUnfiltered => "CTR_FREEZE_UNFILTERED",
+            Counter::SubmitTimed => "CTR_SUBMIT_TIMED",
+        }
+    }
+}
+
+/// CPUs a per-CPU map holds a value for: `/sys/devices/system/cpu/possible`
+/// ("0-3", "0,2-5"). Unreadable or odd content is an error, never a guess
+/// (the kernel writes one value per possible CPU into our buffer).
+pub fn possible_cpus() -> crate::Result<usize> {
+    let path = "/sys/devices/system/cpu/possible";
+    let text = std::fs::read_to_string(path).map_err(|e| crate::Error::env(format!("{path}: {e}")))?;
+    parse_cpu_list(&text).ok_or_else(|| crate::Error::env(format!("{path}: cannot read CPU list {:?}", text.trim())))
+}
+
+/// Count the CPUs of a list such as "0-3,5"; None if any part is malformed.
+pub fn parse_cpu_list(text: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in text.trim().split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+            None => {
+                let a = part.parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        n += b.checked_sub(a)? + 1;
+    }
+    (n > 0).then_some(n)
+}
+
+/// A loaded map's key and value sizes must be what its decoder reads.
+pub fn check_sizes(mut table: Table, name: &str, key: usize, value: usize) -> crate::Result<()> {
+    let (k, v) = (table.key_size(), table.leaf_size());
+    if (k, v) != (key, value) {
+        return Err(crate::Error::env(format!(
+            "map {name}: key {k} / value {v} bytes, the decoder expects {key} / {value} (the template and its Rust decoder disagree)"
+        )));
+    }
+    Ok(())
 }
 
 /// Every (key, value) pair of a hash map, each key once. Bounded by `limit`
@@ -86,4 +148,41 @@ pub fn fill_set<K: Copy>(table: &mut Table, keys: &[K], to_bytes: impl Fn(K) -> 
         table.set(&mut kb, &mut one).map_err(|e| crate::Error::env(format!("cannot fill filter map: {e}")))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_agree_with_common_h() {
+        let defines: Vec<(String, u32)> = crate::templates::COMMON
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                (it.next() == Some("#define")).then_some(())?;
+                let name = it.next()?.strip_prefix("CTR_")?;
+                Some((format!("CTR_{name}"), it.next()?.parse().ok()?))
+            })
+            .filter(|(n, _)| n != "CTR_SLOTS")
+            .collect();
+        let ours: Vec<(String, u32)> = Counter::ALL.iter().map(|c| (c.c_name().to_string(), *c as u32)).collect();
+        assert_eq!(defines, ours);
+        let slots: u32 = crate::templates::COMMON.lines().find_map(|l| l.strip_prefix("#define CTR_SLOTS ")).unwrap().trim().parse().unwrap();
+        assert!(ours.iter().all(|(_, v)| *v < slots));
+        for t in [crate::templates::ISCSI_STAGES, crate::templates::ISCFREEZE, crate::templates::SUBMITSLOWER, crate::templates::ISCSTAT] {
+            assert!(!t.contains("#define CTR_"), "counter slots are defined in common.h only");
+        }
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3\n"), Some(4));
+        assert_eq!(parse_cpu_list("0,2-5"), Some(5));
+        assert_eq!(parse_cpu_list("0"), Some(1));
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("0-x"), None);
+        assert!(possible_cpus().unwrap() >= 1, "this machine's own list reads");
+    }
 }

@@ -3,7 +3,8 @@
 //! temporary file and renamed over the target so readers never see half.
 
 use crate::error::{Error, Result};
-use crate::json::escape;
+use crate::stats::{Row, RowKey, LE_BUCKETS, SEND};
+use crate::topology::Topology;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,18 +26,29 @@ pub struct Labels {
     pub device: String,
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct Series {
-    pub count: u64,
-    pub bytes: u64,
-    pub sum_ns: [u64; 4],
-    /// per stage: non-cumulative counts per LE_NS index, last = +Inf
-    pub buckets: [[u64; 17]; 4],
-}
-
+/// Every series since start: one [`Row`] per label set (its `le` counts
+/// per LE_NS index, last = +Inf, are the histogram; `hist` is not used).
 #[derive(Debug, Default)]
 pub struct Exposition {
-    pub series: BTreeMap<Labels, Series>,
+    pub series: BTreeMap<Labels, Row>,
+    /// SEND can be told apart (else its series are left out: unknown).
+    pub have_sent: bool,
+}
+
+/// A label value in the text exposition format: only backslash, double
+/// quote and line feed are escaped (`\\`, `\"`, `\n`); everything else,
+/// tabs and any UTF-8 included, is written as it is.
+pub fn escape_label(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Check at start that PATH can be written (its directory exists and is writable).
@@ -57,7 +69,7 @@ fn tmp_path(path: &Path) -> PathBuf {
 fn label_text(l: &Labels, extra: &str) -> String {
     format!(
         "sid=\"{}\",cid=\"{}\",lun=\"{}\",direction=\"{}\",target=\"{}\",device=\"{}\"{extra}",
-        l.sid, l.cid, l.lun, l.direction, escape(&l.target), escape(&l.device)
+        l.sid, l.cid, l.lun, l.direction, escape_label(&l.target), escape_label(&l.device)
     )
 }
 
@@ -68,6 +80,31 @@ fn seconds(ns: u64) -> String {
 }
 
 impl Exposition {
+    pub fn new(have_sent: bool) -> Exposition {
+        Exposition { series: BTreeMap::new(), have_sent }
+    }
+
+    /// Add one interval's rows (per LUN and direction), labelled from the
+    /// sessions as they are now.
+    pub fn add_rows(&mut self, rows: &BTreeMap<RowKey, Row>, topo: &Topology) {
+        for (k, r) in rows {
+            let s = topo.session(k.sid);
+            let labels = Labels {
+                sid: k.sid,
+                cid: k.cid,
+                lun: k.lun,
+                direction: match k.dir {
+                    1 => "read",
+                    2 => "write",
+                    _ => "other",
+                },
+                target: s.map(|s| s.target.clone()).unwrap_or_default(),
+                device: s.and_then(|s| s.luns.iter().find(|l| l.lun == k.lun)).and_then(|l| l.disk.clone()).unwrap_or_default(),
+            };
+            self.series.entry(labels).or_default().merge(r);
+        }
+    }
+
     pub fn render(&self) -> String {
         let mut o = String::new();
         o.push_str("# HELP iscsi_commands_total SCSI commands completed with a response by the iSCSI initiator.\n# TYPE iscsi_commands_total counter\n");
@@ -81,14 +118,17 @@ impl Exposition {
         o.push_str("# HELP iscsi_command_stage_seconds Time of each stage of iSCSI commands: wait (queued in libiscsi), send (handed to TCP), resp (waiting for the target), total.\n# TYPE iscsi_command_stage_seconds histogram\n");
         for (l, s) in &self.series {
             for (i, stage) in STAGE_LABELS.iter().enumerate() {
+                if i == SEND && !self.have_sent {
+                    continue;
+                }
                 let mut cum = 0;
                 for (j, le) in LE_NS.iter().enumerate() {
-                    cum += s.buckets[i][j];
+                    cum += s.le[i][j];
                     o.push_str(&format!("iscsi_command_stage_seconds_bucket{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\",le=\"{}\"", seconds(*le)))));
                 }
-                cum += s.buckets[i][16];
+                cum += s.le[i][LE_BUCKETS - 1];
                 o.push_str(&format!("iscsi_command_stage_seconds_bucket{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\",le=\"+Inf\""))));
-                o.push_str(&format!("iscsi_command_stage_seconds_sum{{{}}} {}\n", label_text(l, &format!(",stage=\"{stage}\"")), seconds(s.sum_ns[i])));
+                o.push_str(&format!("iscsi_command_stage_seconds_sum{{{}}} {}\n", label_text(l, &format!(",stage=\"{stage}\"")), seconds(s.sum[i])));
                 o.push_str(&format!("iscsi_command_stage_seconds_count{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\""))));
             }
         }
@@ -114,12 +154,12 @@ mod tests {
 
     #[test]
     fn renders_cumulative_buckets() {
-        let mut e = Exposition::default();
-        let mut s = Series { count: 3, bytes: 12288, ..Default::default() };
-        s.sum_ns[3] = 1_500_000;
-        s.buckets[3][0] = 1; // <= 100us
-        s.buckets[3][3] = 1; // <= 1ms
-        s.buckets[3][16] = 1; // > 10s
+        let mut e = Exposition::new(true);
+        let mut s = Row { count: 3, bytes: 12288, ..Default::default() };
+        s.sum[3] = 1_500_000;
+        s.le[3][0] = 1; // <= 100us
+        s.le[3][3] = 1; // <= 1ms
+        s.le[3][16] = 1; // > 10s
         let l = Labels { sid: 1, cid: 0, lun: 0, direction: "read", target: "iqn.x:\"t\"".into(), device: "sda".into() };
         e.series.insert(l, s);
         let t = e.render();
@@ -141,15 +181,58 @@ mod tests {
 
     #[test]
     fn writes_atomically_and_checks_the_directory() {
-        let d = std::env::temp_dir().join(format!("stpt-prom-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
         let p = d.join("iscsi.prom");
         check_writable(&p).unwrap();
-        Exposition::default().write(&p).unwrap();
+        Exposition::new(true).write(&p).unwrap();
         assert!(std::fs::read_to_string(&p).unwrap().contains("# TYPE iscsi_commands_total counter"));
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1, "no temporary file left");
+        assert_eq!(std::fs::read_dir(d).unwrap().count(), 1, "no temporary file left");
         let e = check_writable(Path::new("/nonexistent-dir/x.prom")).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().starts_with("--prom-file /nonexistent-dir/x.prom: cannot write in /nonexistent-dir"));
+    }
+
+    fn odd_labels() -> Exposition {
+        let mut e = Exposition::new(false);
+        let l = Labels { sid: 1, cid: 0, lun: 0, direction: "read", target: "iqn.x:a\\b\"c\nd\te\u{e9}\u{1f4be}".into(), device: "sda".into() };
+        e.series.insert(l, Row { count: 1, ..Default::default() });
+        e
+    }
+
+    #[test]
+    fn label_values_escape_only_what_the_format_allows() {
+        assert_eq!(escape_label("a\\b\"c\nd\te\u{e9}"), "a\\\\b\\\"c\\nd\te\u{e9}");
+        let t = odd_labels().render();
+        assert!(t.contains("target=\"iqn.x:a\\\\b\\\"c\\nd\te\u{e9}\u{1f4be}\""), "{t}");
+        assert!(!t.contains("\\t") && !t.contains("\\u"), "no JSON escapes: {t}");
+    }
+
+    #[test]
+    fn unknown_send_has_no_series() {
+        let t = odd_labels().render();
+        assert!(!t.contains("stage=\"send\""), "{t}");
+        assert!(t.contains("stage=\"resp\"") && t.contains("stage=\"wait\""));
+    }
+
+    /// The real parser: promtool (Debian's prometheus package, installed by
+    /// tests/lab/setup) must accept the odd labels.
+    #[test]
+    fn promtool_accepts_the_exposition() {
+        use std::process::{Command, Stdio};
+        let mut e = odd_labels();
+        e.have_sent = true;
+        let mut child = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("promtool (Debian package prometheus) must be installed: run tests/lab/setup");
+        child.stdin.take().unwrap().write_all(e.render().as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "promtool check metrics: {text}");
+        assert!(!text.contains("error"), "{text}");
     }
 }

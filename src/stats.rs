@@ -1,10 +1,25 @@
 //! Interval statistics of the per-command stages (iscstat): rows read from
-//! the kernel's aggregates, fine log-linear histograms, percentiles.
+//! the kernel's aggregates (bpf_templates/iscstat.c: `struct row_key`,
+//! `struct row_val`, `struct hist_key`), fine log-linear histograms,
+//! percentiles.
 
+use crate::error::{Error, Result};
 use crate::events::{Direction, Reader};
+use crate::maps;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+/// Stage numbers 0..3 of iscstat.c (STAGE_WAIT .. STAGE_TOTAL), in order.
 pub const STAGES: [&str; 4] = ["WAIT", "SEND", "RESP", "TOTAL"];
+pub const SEND: usize = 1;
+/// Buckets of the Prometheus histogram: src/prom.rs LE_NS and +Inf.
+pub const LE_BUCKETS: usize = crate::prom::LE_NS.len() + 1;
+
+/// sizeof the C structs (tests check them against the template; the tool
+/// checks them against the loaded maps at start).
+pub const ROW_KEY_SIZE: usize = 32;
+pub const ROW_VAL_SIZE: usize = 80;
+pub const HIST_KEY_SIZE: usize = 40;
 
 /// Bounds [low, high) in ns of a fine bucket of bpf_templates/iscstat.c.
 pub fn bucket_bounds(b: u32) -> (u64, u64) {
@@ -45,7 +60,7 @@ pub struct Row {
     /// per stage: bucket -> count
     pub hist: [BTreeMap<u32, u64>; 4],
     /// per stage: Prometheus bucket counts (src/prom.rs LE_NS, last = +Inf)
-    pub le: [[u64; 17]; 4],
+    pub le: [[u64; LE_BUCKETS]; 4],
 }
 
 /// `struct row_key` bytes -> (epoch, key)
@@ -60,9 +75,9 @@ pub fn parse_row_key(b: &[u8]) -> Option<(u32, RowKey)> {
     Some((epoch, RowKey { sid, cid, host, lun, dir }))
 }
 
-/// Sum the per-CPU copies of `struct row_val` (each 80 bytes, 8-aligned).
+/// Sum the per-CPU copies of `struct row_val` (each 8-aligned).
 pub fn add_percpu_row(row: &mut Row, values: &[u8], ncpus: usize) {
-    const SZ: usize = 80;
+    const SZ: usize = ROW_VAL_SIZE.div_ceil(8) * 8;
     for cpu in 0..ncpus {
         let Some(chunk) = values.get(cpu * SZ..(cpu + 1) * SZ) else { break };
         let mut r = Reader::new(chunk);
@@ -79,8 +94,8 @@ pub fn add_percpu_row(row: &mut Row, values: &[u8], ncpus: usize) {
 
 /// `struct hist_key` bytes -> (epoch, row, stage, bucket)
 pub fn parse_hist_key(b: &[u8]) -> Option<(u32, RowKey, u32, u32)> {
-    let (epoch, key) = parse_row_key(b.get(..32)?)?;
-    let mut r = Reader::new(b.get(32..)?);
+    let (epoch, key) = parse_row_key(b.get(..ROW_KEY_SIZE)?)?;
+    let mut r = Reader::new(b.get(ROW_KEY_SIZE..)?);
     Some((epoch, key, r.u32()?, r.u32()?))
 }
 
@@ -95,7 +110,7 @@ impl Row {
             for (b, n) in &o.hist[i] {
                 *self.hist[i].entry(*b).or_default() += n;
             }
-            for j in 0..17 {
+            for j in 0..LE_BUCKETS {
                 self.le[i][j] += o.le[i][j];
             }
         }
@@ -144,6 +159,84 @@ impl Row {
                 (lo, hi, slots.get(&s).copied().unwrap_or(0))
             })
             .collect()
+    }
+}
+
+/// Rows as -L / -D ask for them: the kernel may split more finely (per LUN
+/// and direction for Prometheus); merge back to what is shown.
+pub fn regroup(rows: &BTreeMap<RowKey, Row>, per_lun: bool, per_dir: bool) -> BTreeMap<RowKey, Row> {
+    let mut out: BTreeMap<RowKey, Row> = BTreeMap::new();
+    for (k, r) in rows {
+        let mut k = *k;
+        if !per_lun {
+            k.lun = 0;
+        }
+        if !per_dir {
+            k.dir = 0;
+        }
+        out.entry(k).or_default().merge(r);
+    }
+    out
+}
+
+/// Check that the loaded program's maps have the layouts this module
+/// decodes: a mismatch is an error, never garbage numbers.
+pub fn check_maps(bpf: &bcc::BPF) -> Result<()> {
+    for (name, key, value) in [("rows", ROW_KEY_SIZE, ROW_VAL_SIZE), ("hists", HIST_KEY_SIZE, 8), ("prom", HIST_KEY_SIZE, 8)] {
+        maps::check_sizes(bpf.table(name)?, name, key, value)?;
+    }
+    Ok(())
+}
+
+/// The epoch the programs write to: flipped every interval.
+pub struct Collector {
+    epoch: u32,
+    ncpus: usize,
+}
+
+impl Collector {
+    pub fn new() -> Result<Collector> {
+        Ok(Collector { epoch: 0, ncpus: maps::possible_cpus()? })
+    }
+
+    /// Flip the epoch, let programs that read the old one finish, then read
+    /// and delete every row and histogram bucket of the old epoch.
+    pub fn collect(&mut self, bpf: &bcc::BPF) -> Result<BTreeMap<RowKey, Row>> {
+        let old = self.epoch;
+        self.epoch ^= 1;
+        let mut ep = bpf.table("epoch")?;
+        ep.set(&mut 0u32.to_ne_bytes().to_vec(), &mut self.epoch.to_ne_bytes().to_vec())
+            .map_err(|e| Error::env(format!("cannot switch epoch: {e}")))?;
+        std::thread::sleep(Duration::from_millis(20));
+        let mut rows: BTreeMap<RowKey, Row> = BTreeMap::new();
+        let mut rt = bpf.table("rows")?;
+        for (k, v) in maps::percpu_entries(&mut rt, self.ncpus, 1 << 14) {
+            if let Some((e, key)) = parse_row_key(&k) {
+                if e == old {
+                    add_percpu_row(rows.entry(key).or_default(), &v, self.ncpus);
+                    maps::delete(&mut rt, &k);
+                }
+            }
+        }
+        let mut pt = bpf.table("prom")?;
+        for (k, v) in maps::entries(&mut pt, 1 << 15) {
+            if let Some((e, key, stage, bucket)) = parse_hist_key(&k) {
+                if e == old && (stage as usize) < STAGES.len() && (bucket as usize) < LE_BUCKETS {
+                    rows.entry(key).or_default().le[stage as usize][bucket as usize] += maps::first_u64(&v);
+                    maps::delete(&mut pt, &k);
+                }
+            }
+        }
+        let mut ht = bpf.table("hists")?;
+        for (k, v) in maps::entries(&mut ht, 1 << 17) {
+            if let Some((e, key, stage, bucket)) = parse_hist_key(&k) {
+                if e == old && (stage as usize) < STAGES.len() {
+                    *rows.entry(key).or_default().hist[stage as usize].entry(bucket).or_default() += maps::first_u64(&v);
+                    maps::delete(&mut ht, &k);
+                }
+            }
+        }
+        Ok(rows)
     }
 }
 
@@ -235,6 +328,48 @@ mod tests {
         assert_eq!(a.max[3], 5_000_000);
         assert_eq!(a.sum[3], 5_003_000);
         assert_eq!(a.hist[3].values().sum::<u64>(), 3);
+    }
+
+    #[test]
+    fn layouts_match_iscstat_c() {
+        use crate::layout::{self, Sample};
+        use crate::templates::ISCSTAT;
+        let key = Sample::new(layout::parse(ISCSTAT, "row_key").unwrap());
+        let val = Sample::new(layout::parse(ISCSTAT, "row_val").unwrap());
+        let hist = Sample::new(layout::parse(ISCSTAT, "hist_key").unwrap());
+        assert_eq!((key.layout.size, val.layout.size, hist.layout.size), (ROW_KEY_SIZE, ROW_VAL_SIZE, HIST_KEY_SIZE));
+        let (epoch, k) = parse_row_key(&key.bytes).unwrap();
+        assert_eq!([epoch as u64, k.sid as u64, k.cid as u64, k.host as u64, k.lun, k.dir as u64], ["epoch", "sid", "cid", "host", "lun", "dir"].map(|n| key.int(n, 0)));
+        let mut r = Row::default();
+        add_percpu_row(&mut r, &val.bytes, 1);
+        assert_eq!((r.count, r.bytes), (val.int("count", 0), val.int("bytes", 0)));
+        for i in 0..4 {
+            assert_eq!((r.sum[i], r.max[i]), (val.int("sum", i), val.int("max", i)), "stage {i}");
+        }
+        // hist_key = row_key + stage + bucket: the row part is a row_key.
+        let mut hb = hist.bytes.clone();
+        hb[..ROW_KEY_SIZE].copy_from_slice(&key.bytes);
+        let (_, hk, stage, bucket) = parse_hist_key(&hb).unwrap();
+        assert_eq!((hk, stage as u64, bucket as u64), (k, hist.int("stage", 0), hist.int("bucket", 0)));
+        assert_eq!(hist.layout.field("stage").offset, ROW_KEY_SIZE);
+        for (i, st) in STAGES.iter().enumerate() {
+            assert!(ISCSTAT.contains(&format!("#define STAGE_{st} {i}\n")), "stage {st} is {i} in iscstat.c");
+        }
+        assert!(ISCSTAT.contains(&format!("#define STAGES {}\n", STAGES.len())));
+        assert_eq!(STAGES[SEND], "SEND");
+    }
+
+    #[test]
+    fn regroup_merges_what_is_not_shown() {
+        let k = |lun, dir| RowKey { sid: 1, cid: 0, host: 2, lun, dir };
+        let mut rows = BTreeMap::new();
+        rows.insert(k(0, 1), row_with(&[1_000]));
+        rows.insert(k(1, 2), row_with(&[3_000, 5_000]));
+        let all = regroup(&rows, false, false);
+        assert_eq!(all.len(), 1);
+        assert_eq!((all[&k(0, 0)].count, all[&k(0, 0)].max[3]), (3, 5_000));
+        assert_eq!(regroup(&rows, true, false).len(), 2);
+        assert_eq!(regroup(&rows, true, true), rows);
     }
 
     #[test]

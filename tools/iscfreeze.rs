@@ -3,19 +3,19 @@
 //! and the submitters that blocked behind the freeze.
 
 use clap::Parser;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use storprototrace::blockdev::{self, BlockDevs};
 use storprototrace::cli::{self, Common, Threshold};
-use storprototrace::events::Reader;
-use storprototrace::freeze::{self, BlockDevs, Ksyms, Layout};
+use storprototrace::events::FreezeEvent;
+use storprototrace::freeze::{self, DiskNamer, Ended, FreezePlan, Matcher, Total};
+use storprototrace::headers::{self, BlockLayout};
 use storprototrace::kernel::Kernel;
+use storprototrace::ksyms::{self, Ksyms};
 use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out, Unit};
-use storprototrace::runner::{self, Events, Probe, Stop};
-use storprototrace::stages;
-use storprototrace::templates::{self, Template, Value};
-use storprototrace::topology::Topology;
+use storprototrace::runner::{self, Events, Stop};
 use storprototrace::{error, json, Error, Result};
 
 const ABOUT: &str = "Trace request-queue freezes and quiesces of iSCSI disks (all disks with --all-disks).
@@ -67,69 +67,6 @@ fn main() {
     error::exit_with("iscfreeze", cli::parse::<Args>().and_then(run));
 }
 
-const FREEZE_BEGIN: &[&str] = &["blk_freeze_queue_start", "__blk_freeze_queue_start", "blk_freeze_queue_start_non_owner", "blk_freeze_queue", "blk_mq_freeze_queue", "blk_mq_freeze_queue_nomemsave"];
-const FREEZE_END: &[&str] = &["blk_mq_unfreeze_queue", "__blk_mq_unfreeze_queue", "blk_mq_unfreeze_queue_nomemrestore", "blk_mq_unfreeze_queue_non_owner"];
-const QUIESCE_BEGIN: &[&str] = &["blk_mq_quiesce_queue", "blk_mq_quiesce_queue_nowait"];
-const QUIESCE_END: &[&str] = &["blk_mq_unquiesce_queue"];
-
-struct Plan {
-    probes: Vec<Probe>,
-    notes: Vec<String>,
-    layout: Layout,
-    ringbuf: bool,
-}
-
-impl Plan {
-    fn choose(kernel: &Kernel, layout: Layout) -> Result<Plan> {
-        let have = |c: &[&'static str]| -> Vec<&'static str> { c.iter().copied().filter(|f| kernel.can_probe(f)).collect() };
-        let mut probes = Vec::new();
-        let mut notes = Vec::new();
-        let (fb, fe) = (have(FREEZE_BEGIN), have(FREEZE_END));
-        if fb.is_empty() {
-            return Err(Error::missing_probe("a queue freeze", FREEZE_BEGIN));
-        }
-        if fe.is_empty() {
-            return Err(Error::missing_probe("a queue unfreeze", FREEZE_END));
-        }
-        probes.extend(fb.iter().map(|f| Probe::entry(f, "freeze_begin")));
-        probes.extend(fe.iter().map(|f| Probe::entry(f, "freeze_end")));
-        let (qb, qe) = (have(QUIESCE_BEGIN), have(QUIESCE_END));
-        if qb.is_empty() || qe.is_empty() {
-            notes.push(format!("no traceable {} / {}: quiesces (iSCSI recovery stalls) are not shown", QUIESCE_BEGIN.join(", "), QUIESCE_END.join(", ")));
-        } else {
-            probes.extend(qb.iter().map(|f| Probe::entry(f, "quiesce_begin")));
-            probes.extend(qe.iter().map(|f| Probe::entry(f, "quiesce_end")));
-        }
-        if kernel.can_probe("blk_queue_enter") {
-            probes.push(Probe::entry("blk_queue_enter", "wait_enter_queue"));
-            probes.push(Probe::ret("blk_queue_enter", "wait_return"));
-        } else {
-            notes.push("blk_queue_enter is not traceable: waits for request allocation (passthrough commands) are not counted".into());
-        }
-        if kernel.can_probe("__bio_queue_enter") {
-            probes.push(Probe::entry("__bio_queue_enter", "wait_enter_bio"));
-            probes.push(Probe::ret("__bio_queue_enter", "wait_return"));
-        } else {
-            notes.push("__bio_queue_enter is not traceable (bio_queue_enter is inline before 6.1): bios that wait for an unfreeze are not counted".into());
-        }
-        if !layout.queue_disk {
-            notes.push("struct request_queue has no disk pointer (before 5.15): disks are named from the queue's bdi, filtered in user space".into());
-        }
-        Ok(Plan { probes, notes, layout, ringbuf: kernel.ringbuf })
-    }
-}
-
-fn render(plan: &Plan, min_us: u64, filter_set: bool) -> Result<String> {
-    let values: Vec<(&str, Value)> = vec![
-        ("USE_RINGBUF", plan.ringbuf.into()),
-        ("MIN_US", min_us.into()),
-        ("FILTER_SET", (filter_set && plan.layout.queue_disk).into()),
-        ("QUEUE_DISK", plan.layout.queue_disk.into()),
-        ("QUIESCE_DEPTH", plan.layout.quiesce_depth.into()),
-    ];
-    Template::new(&[templates::COMMON, templates::ISCFREEZE]).render(&values)
-}
-
 fn run(args: Args) -> Result<()> {
     let (min_us, unit) = args.threshold.resolve(0)?;
     let duration = args.common.duration()?;
@@ -137,7 +74,7 @@ fn run(args: Args) -> Result<()> {
         return Err(Error::usage("--disk and --all-disks cannot be used together"));
     }
     if let Some(d) = &args.disk {
-        freeze::validate_disk_name("--disk", d)?;
+        blockdev::validate_disk_name("--disk", d)?;
     }
     let sys = Path::new("/sys");
     let kernel = Kernel::detect();
@@ -146,10 +83,10 @@ fn run(args: Args) -> Result<()> {
         if let Some(d) = &args.disk {
             BlockDevs::disk_dev(sys, "--disk", d)?;
         }
-        let layout = Layout::from_headers(&stages::header_dirs(&kernel)).unwrap_or_else(|_| Layout::modern());
-        let plan = Plan::choose(&kernel, layout).unwrap_or(Plan { probes: vec![], notes: vec![], layout, ringbuf: true });
+        let layout = BlockLayout::from_headers(&headers::header_dirs(&kernel)).unwrap_or_else(|_| BlockLayout::modern());
+        let plan = FreezePlan::choose(&kernel, layout).unwrap_or(FreezePlan { probes: vec![], notes: vec![], layout, ringbuf: true });
         let ringbuf = kernel.ringbuf || kernel.function_count() == 0;
-        println!("{}", render(&Plan { ringbuf, ..plan }, min_us, !args.all_disks)?);
+        println!("{}", FreezePlan { ringbuf, ..plan }.render(min_us, !args.all_disks)?);
         return Ok(());
     }
 
@@ -162,25 +99,11 @@ fn run(args: Args) -> Result<()> {
     let wanted = match wanted {
         Some(w) => Some(w),
         None if args.all_disks => None,
-        None => {
-            let topo = Topology::read(sys)?;
-            if topo.sessions.is_empty() {
-                return Err(Error::no_sessions());
-            }
-            let names = freeze::iscsi_disks(&topo);
-            if names.is_empty() {
-                return Err(Error::env(format!("no iSCSI session has a disk (sessions: {}); try --all-disks", topo.describe())));
-            }
-            Some(names.iter().map(|n| Ok((n.clone(), BlockDevs::disk_dev(sys, "--disk", n)?))).collect::<Result<Vec<_>>>()?)
-        }
+        None => Some(blockdev::iscsi_disk_devs(sys, "", "; try --all-disks")?),
     };
-    let layout = Layout::from_headers(&stages::header_dirs(&kernel))?;
-    let plan = Plan::choose(&kernel, layout)?;
+    let plan = FreezePlan::choose(&kernel, BlockLayout::from_headers(&headers::header_dirs(&kernel))?)?;
     if args.common.verbose {
-        eprintln!(
-            "kernel {}: functions from {:?}, ring buffer: {}, queue disk via {}, nested quiesce depth: {}",
-            kernel.release, kernel.source, kernel.ringbuf, if layout.queue_disk { "q->disk" } else { "q->backing_dev_info" }, layout.quiesce_depth
-        );
+        eprintln!("{}", plan.describe(&kernel));
         for p in &plan.probes {
             eprintln!("probe {}", p.describe());
         }
@@ -188,8 +111,8 @@ fn run(args: Args) -> Result<()> {
     for n in &plan.notes {
         eprintln!("iscfreeze: note: {n}");
     }
-    let text = render(&plan, min_us, wanted.is_some())?;
-    let mut bpf = runner::compile(&kernel, &text)?;
+    let mut bpf = runner::compile(&kernel, &plan.render(min_us, wanted.is_some())?)?;
+    maps::check_sizes(bpf.table("totals")?, "totals", Total::KEY_SIZE, Total::SIZE)?;
     if let Some(w) = &wanted {
         let mut set = bpf.table("disks")?;
         let devs: Vec<u32> = w.iter().map(|(_, d)| *d).collect();
@@ -204,12 +127,10 @@ fn run(args: Args) -> Result<()> {
         unit,
         clock: Clock::start(),
         ksyms: Ksyms::load(),
-        devs: BlockDevs::read(sys),
-        layout,
-        wanted: wanted.as_ref().map(|w| w.iter().map(|(_, d)| *d).collect()),
-        pending: Vec::new(),
-        waits: HashMap::new(),
+        namer: DiskNamer { layout: plan.layout, devs: BlockDevs::read(sys), wanted: wanted.as_ref().map(|w| w.iter().map(|(_, d)| *d).collect::<HashSet<u32>>()) },
+        matcher: Matcher::default(),
         shown: 0,
+        malformed: 0,
     };
     let mut out = Out::new();
     let scope = match &wanted {
@@ -232,7 +153,7 @@ fn run(args: Args) -> Result<()> {
     // Waiters wake after the unfreeze: give the last ones a moment.
     if !out.closed() {
         let until = Instant::now() + Duration::from_millis(300);
-        while Instant::now() < until && !view.pending.is_empty() {
+        while Instant::now() < until && !view.matcher.is_empty() {
             let recs = events.poll(50);
             view.take(&recs, &mut stack_table);
             view.print_ready(&mut out, false);
@@ -245,33 +166,12 @@ fn run(args: Args) -> Result<()> {
 
     // Summary per disk, from the kernel's totals (every freeze, any length).
     let mut counters = bpf.table("counters")?;
-    let lost = maps::counter(&mut counters, Counter::Lost);
+    let lost = maps::counter(&mut counters, Counter::Lost) + view.malformed;
     let mut active = bpf.table("active")?;
     let still = maps::count_entries(&mut active, 1 << 12);
     let mut totals = bpf.table("totals")?;
-    let mut per_disk: BTreeMap<String, [u64; 7]> = BTreeMap::new();
-    for (k, v) in maps::entries(&mut totals, 1 << 12) {
-        let mut kr = Reader::new(&k);
-        let (Some(_queue), Some(kind)) = (kr.u64(), kr.u32()) else { continue };
-        let mut r = Reader::new(&v);
-        let (Some(count), Some(time), Some(waits), Some(wait_ns), Some(max_wait), Some(dev), Some(_), Some(name)) =
-            (r.u64(), r.u64(), r.u64(), r.u64(), r.u64(), r.u32(), r.u32(), r.cstr(32))
-        else {
-            continue;
-        };
-        let Some((disk, _)) = view.disk(dev, &name) else { continue };
-        let row = per_disk.entry(disk).or_default();
-        if kind == 0 {
-            row[0] += count;
-            row[1] += time;
-            row[2] += waits;
-            row[3] += wait_ns;
-            row[4] = row[4].max(max_wait);
-        } else {
-            row[5] += count;
-            row[6] += time;
-        }
-    }
+    let totals: Vec<Total> = maps::entries(&mut totals, 1 << 12).iter().filter_map(|(k, v)| Total::parse(k, v)).collect();
+    let per_disk = freeze::summarise(&totals, &mut view.namer);
     if !out.closed() {
         let u = unit;
         let mut lines = vec![format!(
@@ -279,7 +179,7 @@ fn run(args: Args) -> Result<()> {
             "DISK", "FREEZES", format!("FROZEN({})", u.label()), "DELAYED", format!("WAITED({})", u.label()), format!("MAXWAIT({})", u.label()), "QUIESCES", format!("QUIESCED({})", u.label())
         )];
         for (d, r) in &per_disk {
-            lines.push(format!("{d:<8} {:>7} {:>12} {:>8} {:>12} {:>12} {:>8} {:>12}", r[0], u.fmt(r[1]), r[2], u.fmt(r[3]), u.fmt(r[4]), r[5], u.fmt(r[6])));
+            lines.push(format!("{d:<8} {:>7} {:>12} {:>8} {:>12} {:>12} {:>8} {:>12}", r.freezes, u.fmt(r.frozen_ns), r.delayed, u.fmt(r.waited_ns), u.fmt(r.max_wait_ns), r.quiesces, u.fmt(r.quiesced_ns)));
         }
         if per_disk.is_empty() {
             lines.push("(no freeze or quiesce seen)".into());
@@ -290,108 +190,50 @@ fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// `struct event` of iscfreeze.c.
-#[derive(Debug, Clone)]
-struct Rec {
-    ty: u64,
-    q: u64,
-    start: u64,
-    end: u64,
-    value: u64,
-    kind: u32,
-    pid: u32,
-    tid: u32,
-    dev: u32,
-    stack: i32,
-    comm: String,
-    disk: String,
-}
-
-impl Rec {
-    fn parse(b: &[u8]) -> Option<Rec> {
-        let mut r = Reader::new(b);
-        let (ty, q, start, end, value) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
-        let (kind, pid, tid, dev, stack, _pad) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.i32()?, r.u32()?);
-        Some(Rec { ty, q, start, end, value, kind, pid, tid, dev, stack, comm: r.cstr(16)?, disk: r.cstr(32)? })
-    }
-}
-
-struct Pending {
-    rec: Rec,
-    disk: String,
-    stack: Vec<String>,
-    arrived: Instant,
-}
-
 struct View {
     json: bool,
     timestamp: bool,
     unit: Unit,
     clock: Clock,
     ksyms: Ksyms,
-    devs: BlockDevs,
-    layout: Layout,
-    wanted: Option<HashSet<u32>>,
-    pending: Vec<Pending>,
-    /// (queue, freeze start) -> (wait ns, arrival) of each waiter seen.
-    waits: HashMap<(u64, u64), (Vec<u64>, Instant)>,
+    namer: DiskNamer,
+    matcher: Matcher,
     shown: u64,
+    malformed: u64,
 }
 
 impl View {
-    /// (name, dev) of a queue's disk, or None when the user-space filter
-    /// (kernels without q->disk) excludes it.
-    fn disk(&mut self, dev: u32, name: &str) -> Option<(String, u32)> {
-        let (name, dev) = if self.layout.queue_disk {
-            (if name.is_empty() { "-".to_string() } else { name.to_string() }, dev)
-        } else {
-            let dev = freeze::parse_dev(name).unwrap_or(0);
-            (self.devs.name(dev), dev)
-        };
-        match &self.wanted {
-            Some(w) if !self.layout.queue_disk && !w.contains(&dev) => None,
-            _ => Some((name, dev)),
-        }
-    }
-
     fn take(&mut self, recs: &[Vec<u8>], stacks: &mut bcc::table::Table) {
+        let now = Instant::now();
         for b in recs {
-            let Some(r) = Rec::parse(b) else { continue };
-            if r.ty == 1 {
-                self.waits.entry((r.q, r.start)).or_insert_with(|| (Vec::new(), Instant::now())).0.push(r.value);
+            let Some(r) = FreezeEvent::parse(b) else {
+                self.malformed += 1;
+                continue;
+            };
+            if r.ty == FreezeEvent::TYPE_WAIT {
+                self.matcher.wait(&r, now);
                 continue;
             }
-            let Some((disk, _)) = self.disk(r.dev, &r.disk) else { continue };
+            let Some((disk, _)) = self.namer.disk(r.dev, &r.disk) else { continue };
             let mut stack = Vec::new();
             if r.stack >= 0 {
                 let mut key = (r.stack as u32).to_ne_bytes().to_vec();
                 if let Ok(v) = stacks.get(&mut key) {
-                    stack = freeze::stack_addrs(&v).into_iter().map(|a| self.ksyms.resolve(a)).collect();
+                    stack = ksyms::stack_addrs(&v).into_iter().map(|a| self.ksyms.resolve(a)).collect();
                 }
             }
-            self.pending.push(Pending { rec: r, disk, stack, arrived: Instant::now() });
+            self.matcher.ended(r, disk, stack, now);
         }
     }
 
     /// Print freezes whose waiters have all reported (or after 1 s, or at the end).
     fn print_ready(&mut self, out: &mut Out, all: bool) {
-        let mut i = 0;
-        while i < self.pending.len() {
-            let p = &self.pending[i];
-            let got = self.waits.get(&(p.rec.q, p.rec.start)).map(|w| w.0.len() as u64).unwrap_or(0);
-            if all || got >= p.rec.value || p.arrived.elapsed() >= Duration::from_secs(1) {
-                let p = self.pending.remove(i);
-                let w = self.waits.remove(&(p.rec.q, p.rec.start)).map(|w| w.0).unwrap_or_default();
-                for l in self.lines(&p, &w) {
-                    out.line(&l);
-                }
-                self.shown += 1;
-            } else {
-                i += 1;
+        for (p, waits) in self.matcher.ready(all, Instant::now()) {
+            for l in self.lines(&p, &waits) {
+                out.line(&l);
             }
+            self.shown += 1;
         }
-        // Waits of freezes never shown (under the threshold, another disk).
-        self.waits.retain(|_, (_, t)| t.elapsed() < Duration::from_secs(2));
     }
 
     fn header(&self) -> String {
@@ -403,11 +245,12 @@ impl View {
         )
     }
 
-    fn lines(&self, p: &Pending, waits: &[u64]) -> Vec<String> {
+    fn lines(&self, p: &Ended, waits: &[u64]) -> Vec<String> {
         let r = &p.rec;
         let u = self.unit;
         let time = if self.timestamp { self.clock.wall(r.start) } else { format!("{:.6}", self.clock.since_start(r.start)) };
-        let kind = if r.kind == 0 { "freeze" } else { "quiesce" };
+        let freeze = r.kind == FreezeEvent::KIND_FREEZE;
+        let kind = if freeze { "freeze" } else { "quiesce" };
         let frozen = r.end.saturating_sub(r.start);
         let max = waits.iter().copied().max().unwrap_or(0);
         let total: u64 = waits.iter().sum();
@@ -422,14 +265,14 @@ impl View {
                 .num("start_ns", r.start)
                 .num("end_ns", r.end)
                 .num("frozen_ns", frozen);
-            let o = if r.kind == 0 {
+            let o = if freeze {
                 o.num("waiters", r.value).num("waits_seen", waits.len()).num("wait_max_ns", max).num("wait_total_ns", total)
             } else {
                 o.null("waiters").null("waits_seen").null("wait_max_ns").null("wait_total_ns")
             };
             return vec![o.str("stack", &p.stack.join(";")).finish()];
         }
-        let (n, mx, tot) = if r.kind == 0 { (r.value.to_string(), u.fmt(max), u.fmt(total)) } else { ("-".into(), "-".into(), "-".into()) };
+        let (n, mx, tot) = if freeze { (r.value.to_string(), u.fmt(max), u.fmt(total)) } else { ("-".into(), "-".into(), "-".into()) };
         let mut v = vec![format!("{time:<14} {kind:<7} {:<8} {:<16} {:>7} {:>12} {n:>7} {mx:>12} {tot:>12}", p.disk, r.comm, r.pid, u.fmt(frozen))];
         v.extend(p.stack.iter().map(|s| format!("        {s}")));
         v

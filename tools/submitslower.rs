@@ -4,16 +4,15 @@
 
 use clap::Parser;
 use std::path::Path;
+use storprototrace::blockdev::{self, BlockDevs};
 use storprototrace::cli::{self, Common, Threshold};
-use storprototrace::events::Reader;
-use storprototrace::freeze::{self, BlockDevs, Layout};
+use storprototrace::events::Submission;
+use storprototrace::headers::{self, BlockLayout};
 use storprototrace::kernel::Kernel;
 use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out, Unit};
 use storprototrace::runner::{self, Events, Probe, Stop};
-use storprototrace::stages;
 use storprototrace::templates::{self, Template, Value};
-use storprototrace::topology::Topology;
 use storprototrace::{error, json, Error, Result};
 
 const ABOUT: &str = "Trace bio submissions slower than a threshold (default 1 ms), with the disk.
@@ -62,7 +61,7 @@ fn main() {
 }
 
 struct Plan {
-    layout: Layout,
+    layout: BlockLayout,
     ringbuf: bool,
 }
 
@@ -84,7 +83,7 @@ fn run(args: Args) -> Result<()> {
     let (min_us, unit) = args.threshold.resolve(1)?;
     let duration = args.common.duration()?;
     if let Some(d) = &args.disk {
-        freeze::validate_disk_name("--disk", d)?;
+        blockdev::validate_disk_name("--disk", d)?;
     }
     let sys = Path::new("/sys");
     let kernel = Kernel::detect();
@@ -94,7 +93,7 @@ fn run(args: Args) -> Result<()> {
             Some(d) => Some(BlockDevs::disk_dev(sys, "--disk", d)?),
             None => None,
         };
-        let layout = Layout::from_headers(&stages::header_dirs(&kernel)).unwrap_or_else(|_| Layout::modern());
+        let layout = BlockLayout::from_headers(&headers::header_dirs(&kernel)).unwrap_or_else(|_| BlockLayout::modern());
         let plan = Plan { layout, ringbuf: kernel.ringbuf || kernel.function_count() == 0 };
         println!("{}", render(&plan, &args, min_us, dev)?);
         return Ok(());
@@ -106,21 +105,9 @@ fn run(args: Args) -> Result<()> {
         None => None,
     };
     runner::preflight(&kernel, args.iscsi)?;
-    let iscsi_devs: Vec<u32> = if args.iscsi {
-        let topo = Topology::read(sys)?;
-        if topo.sessions.is_empty() {
-            return Err(Error::no_sessions());
-        }
-        let names = freeze::iscsi_disks(&topo);
-        if names.is_empty() {
-            return Err(Error::env(format!("--iscsi: no iSCSI session has a disk (sessions: {})", topo.describe())));
-        }
-        names.iter().map(|n| BlockDevs::disk_dev(sys, "--iscsi", n)).collect::<Result<_>>()?
-    } else {
-        Vec::new()
-    };
+    let iscsi_devs: Vec<u32> = if args.iscsi { blockdev::iscsi_disk_devs(sys, "--iscsi: ", "")?.into_iter().map(|(_, d)| d).collect() } else { Vec::new() };
     let function = kernel.first_of(SUBMIT).ok_or_else(|| Error::missing_probe("bio submission", SUBMIT))?;
-    let layout = Layout::from_headers(&stages::header_dirs(&kernel))?;
+    let layout = BlockLayout::from_headers(&headers::header_dirs(&kernel))?;
     let plan = Plan { layout, ringbuf: kernel.ringbuf };
     let probes = [Probe::entry(function, "submit_entry"), Probe::ret(function, "submit_return")];
     if args.common.verbose {
@@ -160,9 +147,12 @@ fn run(args: Args) -> Result<()> {
     if !args.common.json {
         out.line(&format!("{time_h:<14} {:<16} {:>7} {:>10} {}", "COMM", "PID", format!("LAT({})", unit.label()), "DISK"));
     }
-    let mut shown: u64 = 0;
+    let (mut shown, mut malformed) = (0u64, 0u64);
     runner::print_events(&mut events, &stop, &mut out, |rec, out| {
-        let Some(e) = Submission::parse(rec) else { return true };
+        let Some(e) = Submission::parse(rec) else {
+            malformed += 1;
+            return true;
+        };
         let time = if args.common.timestamp { clock.wall(e.ts) } else { format!("{:.6}", clock.since_start(e.ts)) };
         let disk = devs.name(e.dev);
         let line = if args.common.json {
@@ -175,7 +165,7 @@ fn run(args: Args) -> Result<()> {
                 .str("disk", &disk)
                 .str("whole_disk", &devs.name(e.disk))
                 .str("dev", &{
-                    let (ma, mi) = freeze::kdev_split(e.dev);
+                    let (ma, mi) = blockdev::kdev_split(e.dev);
                     format!("{ma}:{mi}")
                 })
                 .num("end_ns", e.ts)
@@ -188,26 +178,8 @@ fn run(args: Args) -> Result<()> {
         ok
     });
     let mut counters = bpf.table("counters")?;
-    let lost = maps::counter(&mut counters, Counter::Lost);
-    let timed = maps::read_u64(&mut counters, 4);
+    let lost = maps::counter(&mut counters, Counter::Lost) + malformed;
+    let timed = maps::counter(&mut counters, Counter::SubmitTimed);
     output::summary(args.common.json, &mut out, &[format!("{shown} slow submissions shown, {timed} submissions timed, {lost} events lost")]);
     Ok(())
-}
-
-/// `struct event` of submitslower.c.
-struct Submission {
-    ts: u64,
-    lat: u64,
-    pid: u32,
-    tid: u32,
-    dev: u32,
-    disk: u32,
-    comm: String,
-}
-
-impl Submission {
-    fn parse(rec: &[u8]) -> Option<Submission> {
-        let mut r = Reader::new(rec);
-        Some(Submission { ts: r.u64()?, lat: r.u64()?, pid: r.u32()?, tid: r.u32()?, dev: r.u32()?, disk: r.u32()?, comm: r.cstr(16)? })
-    }
 }

@@ -1,0 +1,164 @@
+//! iscstat's reports: per interval, one row (or JSON object) per
+//! session:connection (LUN, direction), with the stages' averages, maxima,
+//! percentiles and histograms.
+
+use crate::json;
+use crate::output::Unit;
+use crate::stats::{self, Row, RowKey, SEND, STAGES};
+use crate::topology::Topology;
+use std::collections::BTreeMap;
+
+/// What a report shows.
+#[derive(Debug, Clone)]
+pub struct StatView {
+    pub unit: Unit,
+    pub per_lun: bool,
+    pub per_dir: bool,
+    pub percentiles: bool,
+    pub histograms: bool,
+    pub extended: bool,
+    pub json: bool,
+    /// SEND told apart from RESP: else SEND is `-` / null, and has no
+    /// percentiles or histogram (the kernel keeps none).
+    pub have_sent: bool,
+}
+
+impl StatView {
+    fn stage_known(&self, i: usize) -> bool {
+        self.have_sent || i != SEND
+    }
+
+    /// The lines of one interval's report.
+    pub fn report(&self, topo: &Topology, rows: &BTreeMap<RowKey, Row>, secs: f64, stamp: &str, lost: u64) -> Vec<String> {
+        let unit = self.unit;
+        let label = |k: &RowKey| -> (String, String) {
+            let s = topo.session(k.sid);
+            let disks = match s {
+                Some(s) if self.per_lun => s.luns.iter().filter(|l| l.lun == k.lun).filter_map(|l| l.disk.clone()).collect::<Vec<_>>().join(","),
+                Some(s) => s.luns.iter().filter_map(|l| l.disk.clone()).collect::<Vec<_>>().join(","),
+                None => "?".into(),
+            };
+            (if disks.is_empty() { "-".into() } else { disks }, s.map(|s| s.target.clone()).unwrap_or_else(|| "?".into()))
+        };
+        let mut lines = Vec::new();
+        if self.json {
+            for (k, r) in rows {
+                let (disks, target) = label(k);
+                let mut o = json::Object::new().str("time", stamp).float("interval_s", secs, 3).num("sid", k.sid).num("cid", k.cid);
+                if self.per_lun {
+                    o = o.num("lun", k.lun);
+                }
+                if self.per_dir {
+                    o = o.str("dir", stats::dir_name(k.dir, true));
+                }
+                o = o.str("disks", &disks).str("target", &target).num("count", r.count).num("bytes", r.bytes);
+                for (i, st) in STAGES.iter().enumerate() {
+                    let st = st.to_lowercase();
+                    let known = self.stage_known(i);
+                    o = o.opt_num(&format!("{st}_avg_ns"), known.then(|| r.avg(i))).opt_num(&format!("{st}_max_ns"), known.then_some(r.max[i]));
+                    if self.percentiles {
+                        for p in [50.0, 95.0, 99.0] {
+                            o = o.opt_num(&format!("{st}_p{}_ns", p as u32), known.then(|| r.percentile(i, p)));
+                        }
+                    }
+                }
+                lines.push(o.num("lost", lost).finish());
+            }
+            return lines;
+        }
+        let u = unit.label();
+        lines.push(format!("{stamp}  interval {secs:.2}s{}", if lost > 0 { format!("  ({lost} events lost)") } else { String::new() }));
+        let mut h = format!("{:<7} {:<11}", "SID:CID", "DISKS");
+        if self.per_lun {
+            h.push_str(&format!(" {:>3}", "LUN"));
+        }
+        if self.per_dir {
+            h.push_str(" D");
+        }
+        h.push_str(&format!(" {:>8} {:>9}", "IOPS", "KB/s"));
+        for st in STAGES {
+            h.push_str(&format!(" {:>9} {:>9}", format!("{st}avg"), format!("max({u})")));
+        }
+        h.push_str(" TARGET");
+        lines.push(h);
+        for (k, r) in rows {
+            let (disks, target) = label(k);
+            let mut l = format!("{:<7} {:<11}", format!("{}:{}", k.sid, k.cid), disks);
+            if self.per_lun {
+                l.push_str(&format!(" {:>3}", k.lun));
+            }
+            if self.per_dir {
+                l.push_str(&format!(" {}", stats::dir_name(k.dir, true)));
+            }
+            l.push_str(&format!(" {:>8.1} {:>9.1}", r.count as f64 / secs, r.bytes as f64 / 1024.0 / secs));
+            for i in 0..STAGES.len() {
+                if self.stage_known(i) {
+                    l.push_str(&format!(" {:>9} {:>9}", unit.fmt(r.avg(i)), unit.fmt(r.max[i])));
+                } else {
+                    l.push_str(&format!(" {:>9} {:>9}", "-", "-"));
+                }
+            }
+            l.push_str(&format!(" {target}"));
+            if self.extended {
+                let s = topo.session(k.sid);
+                l.push_str(&format!(" {} {}", s.map(|s| s.initiator.as_str()).unwrap_or("?"), s.map(|s| s.portal()).unwrap_or_default()));
+            }
+            lines.push(l);
+            if self.percentiles {
+                let mut p = String::from("        percentiles");
+                for (i, st) in STAGES.iter().enumerate().filter(|(i, _)| self.stage_known(*i)) {
+                    p.push_str(&format!("  {st} p50/p95/p99/max {}/{}/{}/{}", unit.fmt(r.percentile(i, 50.0)), unit.fmt(r.percentile(i, 95.0)), unit.fmt(r.percentile(i, 99.0)), unit.fmt(r.max[i])));
+                }
+                lines.push(p);
+            }
+            if self.histograms {
+                for (i, st) in STAGES.iter().enumerate().filter(|(i, _)| self.stage_known(*i)) {
+                    lines.push(format!("        {st} (us){:>22} : count", ""));
+                    let h = r.log2_us(i);
+                    let peak = h.iter().map(|x| x.2).max().unwrap_or(1).max(1);
+                    for (lo, hi, n) in h {
+                        lines.push(format!("        {lo:>10} -> {hi:<10} : {n:<8} |{:<40}|", "*".repeat((n * 40 / peak) as usize)));
+                    }
+                }
+            }
+        }
+        if rows.is_empty() {
+            lines.push("(no iSCSI commands completed)".into());
+        }
+        lines.push(String::new());
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn rows() -> BTreeMap<RowKey, Row> {
+        let mut r = Row { count: 2, bytes: 8192, ..Default::default() };
+        for i in 0..4 {
+            r.sum[i] = 2_000 * (i as u64 + 1);
+            r.max[i] = 1_500 * (i as u64 + 1);
+            r.hist[i].insert(stats::fine_bucket(1_000 * (i as u64 + 1)), 2);
+        }
+        BTreeMap::from([(RowKey { sid: 1, cid: 0, host: 6, lun: 0, dir: 0 }, r)])
+    }
+
+    fn view(have_sent: bool, json: bool) -> StatView {
+        StatView { unit: Unit::Us, per_lun: false, per_dir: false, percentiles: true, histograms: true, extended: false, json, have_sent }
+    }
+
+    #[test]
+    fn send_unknown_is_dashes_and_null_while_resp_is_shown() {
+        let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
+        let text = view(false, false).report(&topo, &rows(), 2.0, "t", 0).join("\n");
+        assert!(text.contains("      1.0       1.5         -         -       3.0       4.5       4.0       6.0"), "{text}");
+        assert!(!text.contains("SEND p50") && !text.contains("SEND (us)") && text.contains("RESP p50"), "{text}");
+        let j = view(false, true).report(&topo, &rows(), 2.0, "t", 0).join("\n");
+        assert!(j.contains("\"send_avg_ns\":null") && j.contains("\"send_p99_ns\":null") && j.contains("\"resp_avg_ns\":3000"), "{j}");
+        assert!(j.contains("\"interval_s\":2.000"), "{j}");
+        let known = view(true, false).report(&topo, &rows(), 2.0, "t", 0).join("\n");
+        assert!(known.contains("      1.0       1.5       2.0       3.0       3.0       4.5") && known.contains("SEND p50"), "{known}");
+    }
+}
