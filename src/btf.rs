@@ -1,15 +1,21 @@
 //! Just enough of the kernel's BTF to find a function's type id: fentry and
 //! fexit programs on a module function are loaded against the module's BTF
 //! (`/sys/kernel/btf/<module>`), which is split BTF on top of vmlinux's, so
-//! its type ids and string offsets continue where vmlinux's end.
+//! its type ids and string offsets continue where vmlinux's end. Ids are
+//! counted, so every type record must be understood: a kind not known here,
+//! a record cut short or bytes left over make the whole blob an error, never
+//! a shorter count (which would shift module ids onto the wrong function).
 
 const MAGIC: u16 = 0xeb9f;
 const KIND_FUNC: u32 = 12;
 
-/// One BTF blob's type and string sections.
-pub struct Btf<'a> {
-    types: &'a [u8],
-    strings: &'a [u8],
+/// One BTF blob, walked once by `parse`.
+pub struct Btf {
+    strings: Vec<u8>,
+    /// The last type id: this blob's type count, plus the base's for split BTF.
+    last_id: u32,
+    /// Each FUNC's name and id, in id order.
+    funcs: Vec<(Vec<u8>, u32)>,
 }
 
 fn u16_at(b: &[u8], off: usize) -> Option<u16> {
@@ -20,75 +26,86 @@ fn u32_at(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
 
-impl<'a> Btf<'a> {
-    pub fn parse(blob: &'a [u8]) -> Option<Btf<'a>> {
-        if u16_at(blob, 0)? != MAGIC {
-            return None;
+/// The bytes of a section at `off` after the header, if within the blob.
+fn section(blob: &[u8], hdr_len: usize, off: usize, len: usize) -> Option<&[u8]> {
+    let start = hdr_len.checked_add(off)?;
+    blob.get(start..start.checked_add(len)?)
+}
+
+/// The NUL-terminated string at `off` (empty if out of range).
+fn string(strings: &[u8], off: usize) -> &[u8] {
+    let rest = strings.get(off..).unwrap_or(&[]);
+    &rest[..rest.iter().position(|&c| c == 0).unwrap_or(rest.len())]
+}
+
+/// Bytes following a type record's 12-byte `struct btf_type`, as in the
+/// kernel's include/uapi/linux/btf.h; None for a kind not known here.
+fn extra_bytes(kind: u32, vlen: usize) -> Option<usize> {
+    Some(match kind {
+        1 | 14 | 17 => 4,             // int, var, decl_tag
+        3 => 12,                      // array
+        4 | 5 | 15 | 19 => 12 * vlen, // struct, union, datasec, enum64
+        6 | 13 => 8 * vlen,           // enum, func_proto
+        2 | 7..=12 | 16 | 18 => 0,    // ptr, fwd .. func, float, type_tag
+        _ => return None,             // 0 (unkn) has no valid records; 20.. are newer
+    })
+}
+
+impl Btf {
+    /// `base` is vmlinux's BTF when `blob` is a module's split BTF. The
+    /// error is a one-line reason.
+    pub fn parse(blob: &[u8], base: Option<&Btf>) -> Result<Btf, String> {
+        if u16_at(blob, 0) != Some(MAGIC) {
+            return Err(format!("not BTF (no magic {MAGIC:#x})"));
         }
-        let hdr_len = u32_at(blob, 4)? as usize;
-        let (type_off, type_len) = (u32_at(blob, 8)? as usize, u32_at(blob, 12)? as usize);
-        let (str_off, str_len) = (u32_at(blob, 16)? as usize, u32_at(blob, 20)? as usize);
-        let types = blob.get(hdr_len + type_off..hdr_len + type_off + type_len)?;
-        let strings = blob.get(hdr_len + str_off..hdr_len + str_off + str_len)?;
-        Some(Btf { types, strings })
+        match blob.get(2) {
+            Some(1) => {}
+            Some(v) => return Err(format!("BTF version {v}, not 1")),
+            None => return Err("BTF header cut short".into()),
+        }
+        let field = |off| u32_at(blob, off).map(|v| v as usize).ok_or("BTF header cut short");
+        let hdr_len = field(4)?;
+        if hdr_len < 24 || hdr_len > blob.len() {
+            return Err(format!("BTF header length {hdr_len} (blob of {} bytes)", blob.len()));
+        }
+        let types = section(blob, hdr_len, field(8)?, field(12)?).ok_or("BTF type section outside the blob")?;
+        let strings = section(blob, hdr_len, field(16)?, field(20)?).ok_or("BTF string section outside the blob")?;
+        let (first_id, base_strings) = base.map_or((1, &[][..]), |b| (b.last_id + 1, &b.strings[..]));
+        let mut funcs = Vec::new();
+        let (mut off, mut id) = (0usize, first_id);
+        while off < types.len() {
+            let (Some(name_off), Some(info), Some(_)) = (u32_at(types, off), u32_at(types, off + 4), u32_at(types, off + 8)) else {
+                return Err(format!("type section has {} bytes left over after type id {}", types.len() - off, id - 1));
+            };
+            let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+            let extra = extra_bytes(kind, vlen).ok_or_else(|| format!("unknown BTF kind {kind} at type id {id}"))?;
+            off += 12 + extra;
+            if off > types.len() {
+                return Err(format!("type id {id} (kind {kind}) runs past the end of the type section"));
+            }
+            if kind == KIND_FUNC {
+                let n = name_off as usize;
+                let name = if n < base_strings.len() { string(base_strings, n) } else { string(strings, n - base_strings.len()) };
+                funcs.push((name.to_vec(), id));
+            }
+            id += 1;
+        }
+        Ok(Btf { strings: strings.to_vec(), last_id: id - 1, funcs })
     }
 
     pub fn string_bytes(&self) -> u32 {
         self.strings.len() as u32
     }
 
-    /// Each type as (name offset, kind), in id order (the first is id 1).
-    fn types(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        let mut off = 0usize;
-        std::iter::from_fn(move || {
-            let name_off = u32_at(self.types, off)?;
-            let info = u32_at(self.types, off + 4)?;
-            let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
-            let extra = match kind {
-                1 | 14 | 17 => 4,      // int, var, decl_tag
-                3 => 12,               // array
-                4 | 5 | 15 => 12 * vlen, // struct, union, datasec
-                6 | 13 => 8 * vlen,    // enum, func_proto
-                19 => 12 * vlen,       // enum64
-                2 | 7..=12 | 16 | 18 => 0,
-                _ => return None,      // a kind we do not know: stop, never misread
-            };
-            off += 12 + extra;
-            Some((name_off, kind))
-        })
-    }
-
+    /// The last type id (the type count, the base's included for split
+    /// BTF): split BTF on top of this one starts after it.
     pub fn type_count(&self) -> u32 {
-        self.types().count() as u32
+        self.last_id
     }
 
-    /// The id of function `name`. `base` is vmlinux's BTF and its type
-    /// count (`type_count`, counted once by the caller: it walks every type)
-    /// when `self` is a module's split BTF: ids then start after vmlinux's,
-    /// and a string offset below vmlinux's string size names one of
-    /// vmlinux's strings.
-    pub fn find_func(&self, name: &str, base: Option<(&Btf, u32)>) -> Option<u32> {
-        let (first_id, base_strings) = match base {
-            Some((b, types)) => (types + 1, b.string_bytes()),
-            None => (1, 0),
-        };
-        let base = base.map(|(b, _)| b);
-        let wanted = name.as_bytes();
-        for (i, (name_off, kind)) in self.types().enumerate() {
-            if kind != KIND_FUNC {
-                continue;
-            }
-            let s = if name_off < base_strings { base.map(|b| b.string(name_off)) } else { Some(self.string(name_off - base_strings)) };
-            if s == Some(wanted) {
-                return Some(first_id + i as u32);
-            }
-        }
-        None
-    }
-
-    fn string(&self, off: u32) -> &[u8] {
-        let rest = self.strings.get(off as usize..).unwrap_or(&[]);
-        &rest[..rest.iter().position(|&c| c == 0).unwrap_or(rest.len())]
+    /// The id of function `name` (the first, if several have it).
+    pub fn find_func(&self, name: &str) -> Option<u32> {
+        self.funcs.iter().find(|(n, _)| n == name.as_bytes()).map(|&(_, id)| id)
     }
 }
 
@@ -96,54 +113,185 @@ impl<'a> Btf<'a> {
 mod tests {
     use super::*;
 
-    /// A BTF blob from (name, kind, vlen) types; strings "\0" + names.
-    fn blob(types: &[(&str, u32, u32)], string_base: u32, extra_strings: &[&str]) -> Vec<u8> {
-        let mut strings = vec![0u8];
-        let mut t = Vec::new();
-        for s in extra_strings {
-            strings.extend_from_slice(s.as_bytes());
-            strings.push(0);
+    /// Bytes after `struct btf_type` for each kind 1..=19 as (fixed, per
+    /// vlen), typed out again from include/uapi/linux/btf.h to check
+    /// `extra_bytes`: int, ptr, array, struct, union, enum, fwd, typedef,
+    /// volatile, const, restrict, func, func_proto, var, datasec, float,
+    /// decl_tag, type_tag, enum64.
+    const KERNEL_EXTRA: [(usize, usize); 19] = [
+        (4, 0), (0, 0), (12, 0), (0, 12), (0, 12), (0, 8), (0, 0), (0, 0), (0, 0), (0, 0),
+        (0, 0), (0, 0), (0, 8), (4, 0), (0, 12), (0, 0), (4, 0), (0, 0), (0, 12),
+    ];
+
+    fn kernel_extra(kind: u32, vlen: u32) -> usize {
+        let (fixed, per) = KERNEL_EXTRA[kind as usize - 1];
+        fixed + per * vlen as usize
+    }
+
+    fn record(t: &mut Vec<u8>, name_off: u32, kind: u32, vlen: u32) {
+        for v in [name_off, (kind << 24) | vlen, 0] {
+            t.extend_from_slice(&v.to_ne_bytes());
         }
-        for (name, kind, vlen) in types {
-            let off = if name.is_empty() { 0 } else {
-                let o = strings.len() as u32 + string_base;
-                strings.extend_from_slice(name.as_bytes());
-                strings.push(0);
-                o
-            };
-            t.extend_from_slice(&off.to_ne_bytes());
-            t.extend_from_slice(&((kind << 24) | vlen).to_ne_bytes());
-            t.extend_from_slice(&0u32.to_ne_bytes());
-            let extra = match kind { 1 => 4, 4 => 12 * vlen, 13 => 8 * vlen, _ => 0 };
-            t.extend(std::iter::repeat(0u8).take(extra as usize));
-        }
+        let extra = if (1..=19).contains(&kind) { kernel_extra(kind, vlen) } else { 0 };
+        t.resize(t.len() + extra, 0);
+    }
+
+    /// A BTF blob: header, type section `t`, string section `s`.
+    fn wrap(t: &[u8], s: &[u8]) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&MAGIC.to_ne_bytes());
         b.extend_from_slice(&[1, 0]);
-        for v in [24u32, 0, t.len() as u32, t.len() as u32, strings.len() as u32] {
+        for v in [24u32, 0, t.len() as u32, t.len() as u32, s.len() as u32] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
-        b.extend(t);
-        b.extend(strings);
+        b.extend_from_slice(t);
+        b.extend_from_slice(s);
         b
+    }
+
+    /// A BTF blob's type section from (name, kind, vlen), and its strings
+    /// ("\0" + names, offsets counted from `string_base`).
+    fn sections(types: &[(&str, u32, u32)], string_base: u32) -> (Vec<u8>, Vec<u8>) {
+        let (mut t, mut s) = (Vec::new(), vec![0u8]);
+        for (name, kind, vlen) in types {
+            let off = if name.is_empty() { 0 } else { s.len() as u32 + string_base };
+            if !name.is_empty() {
+                s.extend_from_slice(name.as_bytes());
+                s.push(0);
+            }
+            record(&mut t, off, *kind, *vlen);
+        }
+        (t, s)
+    }
+
+    fn blob(types: &[(&str, u32, u32)], string_base: u32) -> Vec<u8> {
+        let (t, s) = sections(types, string_base);
+        wrap(&t, &s)
     }
 
     #[test]
     fn finds_functions_in_base_and_split_btf() {
-        let base = blob(&[("int", 1, 0), ("task", 4, 3), ("", 13, 2), ("submit_bio", 12, 0)], 0, &[]);
-        let base = Btf::parse(&base).unwrap();
+        let base = blob(&[("int", 1, 0), ("task", 4, 3), ("", 13, 2), ("submit_bio", 12, 0)], 0);
+        let base = Btf::parse(&base, None).unwrap();
         assert_eq!(base.type_count(), 4);
-        assert_eq!(base.find_func("submit_bio", None), Some(4));
-        assert_eq!(base.find_func("task", None), None, "a struct is not a function");
-        let module = blob(&[("iscsi_task", 4, 2), ("", 13, 1), ("iscsi_queuecommand", 12, 0)], base.string_bytes(), &[]);
-        let module = Btf::parse(&module).unwrap();
-        assert_eq!(module.find_func("iscsi_queuecommand", Some((&base, base.type_count()))), Some(7));
-        assert_eq!(module.find_func("submit_bio", Some((&base, base.type_count()))), None);
+        assert_eq!(base.find_func("submit_bio"), Some(4));
+        assert_eq!(base.find_func("task"), None, "a struct is not a function");
+        let module = blob(&[("iscsi_task", 4, 2), ("", 13, 1), ("iscsi_queuecommand", 12, 0)], base.string_bytes());
+        let module = Btf::parse(&module, Some(&base)).unwrap();
+        assert_eq!(module.find_func("iscsi_queuecommand"), Some(7));
+        assert_eq!(module.find_func("submit_bio"), None);
+    }
+
+    #[test]
+    fn split_btf_names_base_strings() {
+        let base = Btf::parse(&blob(&[("submit_bio", 12, 0)], 0), None).unwrap();
+        // A module FUNC named by offset 1: "submit_bio" in vmlinux's strings.
+        let mut t = Vec::new();
+        record(&mut t, 1, 12, 0);
+        let module = Btf::parse(&wrap(&t, &[0]), Some(&base)).unwrap();
+        assert_eq!(module.find_func("submit_bio"), Some(2));
+    }
+
+    #[test]
+    fn sizes_every_kind_as_the_kernel_does() {
+        let mut types: Vec<(&str, u32, u32)> = (1..=19).map(|k| ("", k, 2)).collect();
+        types.push(("last", 12, 0));
+        let btf = Btf::parse(&blob(&types, 0), None).unwrap();
+        assert_eq!(btf.type_count(), 20);
+        assert_eq!(btf.find_func("last"), Some(20));
+    }
+
+    #[test]
+    fn rejects_unknown_kinds() {
+        for kind in [0, 20, 25, 31] {
+            let e = Btf::parse(&blob(&[("int", 1, 0), ("x", kind, 0), ("f", 12, 0)], 0), None).err();
+            assert_eq!(e.as_deref(), Some(&*format!("unknown BTF kind {kind} at type id 2")));
+        }
+        // In split BTF the id is counted from the base's.
+        let base = Btf::parse(&blob(&[("int", 1, 0), ("f", 12, 0)], 0), None).unwrap();
+        let module = blob(&[("g", 12, 0), ("x", 25, 0)], base.string_bytes());
+        assert_eq!(Btf::parse(&module, Some(&base)).err().as_deref(), Some("unknown BTF kind 25 at type id 4"));
+    }
+
+    #[test]
+    fn rejects_a_record_cut_short_or_bytes_left_over() {
+        let (t, s) = sections(&[("int", 1, 0), ("task", 4, 3)], 0);
+        let e = Btf::parse(&wrap(&t[..t.len() - 4], &s), None).err();
+        assert_eq!(e.as_deref(), Some("type id 2 (kind 4) runs past the end of the type section"));
+        let e = Btf::parse(&wrap(&t[..16 + 8], &s), None).err();
+        assert_eq!(e.as_deref(), Some("type section has 8 bytes left over after type id 1"));
+        let mut long = t.clone();
+        long.extend_from_slice(&[0; 7]);
+        let e = Btf::parse(&wrap(&long, &s), None).err();
+        assert_eq!(e.as_deref(), Some("type section has 7 bytes left over after type id 2"));
+        long.extend_from_slice(&[0; 5]); // 12 zero bytes read as a record of kind 0
+        let e = Btf::parse(&wrap(&long, &s), None).err();
+        assert_eq!(e.as_deref(), Some("unknown BTF kind 0 at type id 3"));
     }
 
     #[test]
     fn rejects_what_is_not_btf() {
-        assert!(Btf::parse(b"not btf at all, not at all").is_none());
-        assert!(Btf::parse(&[0x9f, 0xeb]).is_none());
+        let good = blob(&[("f", 12, 0)], 0);
+        assert!(Btf::parse(&good, None).is_ok());
+        let bad = |at: usize, v: &[u8]| {
+            let mut b = good.clone();
+            b[at..at + v.len()].copy_from_slice(v);
+            Btf::parse(&b, None).err().unwrap()
+        };
+        assert!(bad(0, &[0x9f, 0x9f]).contains("magic"), "bad magic");
+        assert!(bad(2, &[2]).contains("version"), "version 2");
+        assert!(bad(4, &16u32.to_ne_bytes()).contains("header length"), "header of 16 bytes");
+        assert!(bad(4, &u32::MAX.to_ne_bytes()).contains("header length"), "header past the blob");
+        assert!(bad(12, &1000u32.to_ne_bytes()).contains("type section"), "type section past the blob");
+        assert!(bad(16, &u32::MAX.to_ne_bytes()).contains("string section"), "string section past the blob");
+        assert!(Btf::parse(b"not btf at all, not at all", None).is_err());
+        assert!(Btf::parse(&[0x9f, 0xeb], None).is_err());
+        assert!(Btf::parse(&good[..20], None).is_err());
+        assert!(Btf::parse(&[], None).is_err());
+    }
+
+    /// Type `id`'s kind and name in a vmlinux blob, walked with the sizes
+    /// of KERNEL_EXTRA rather than `parse`'s.
+    fn kind_and_name(blob: &[u8], id: u32) -> (u32, Vec<u8>) {
+        let at = |off: usize| u32_at(blob, off).unwrap() as usize;
+        let mut off = at(4) + at(8);
+        for _ in 1..id {
+            let info = at(off + 4) as u32;
+            off += 12 + kernel_extra(info >> 24 & 0x1f, info & 0xffff);
+        }
+        let info = at(off + 4) as u32;
+        (info >> 24 & 0x1f, string(&blob[at(4) + at(16)..], at(off)).to_vec())
+    }
+
+    /// The running kernel's BTF, where readable. Module BTF is split BTF
+    /// on top of vmlinux's; a machine without modules (like the one this was
+    /// written on) has only vmlinux, and that part checks nothing.
+    #[test]
+    fn parses_the_running_kernels_btf() {
+        use std::io::Write;
+        let dir = std::path::Path::new("/sys/kernel/btf");
+        let path = dir.join("vmlinux");
+        let blob = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) => {
+                // Straight to stderr, past the test harness's capture.
+                let _ = writeln!(std::io::stderr(), "note: parses_the_running_kernels_btf skipped: {}: {e}", path.display());
+                return;
+            }
+        };
+        let vmlinux = Btf::parse(&blob, None).unwrap();
+        assert!(vmlinux.type_count() > 10000, "{} types", vmlinux.type_count());
+        for f in ["vfs_read", "schedule"] {
+            let id = vmlinux.find_func(f).unwrap_or_else(|| panic!("{f} not found"));
+            assert_eq!(kind_and_name(&blob, id), (KIND_FUNC, f.as_bytes().to_vec()), "type id {id}");
+        }
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            if entry.file_name() != "vmlinux" {
+                let module = std::fs::read(entry.path()).unwrap();
+                if let Err(e) = Btf::parse(&module, Some(&vmlinux)) {
+                    panic!("BTF of module {:?}: {e}", entry.file_name());
+                }
+            }
+        }
     }
 }

@@ -65,43 +65,36 @@ pub struct Target {
     obj: Option<std::sync::Arc<OwnedFd>>,
 }
 
-/// Resolves functions to BTF ids, reading each BTF file once.
+/// Resolves functions to BTF ids, reading and parsing each BTF file once.
 pub struct Resolver {
     root: std::path::PathBuf,
-    vmlinux: Vec<u8>,
-    /// vmlinux's type count: module type ids start after it.
-    vmlinux_types: u32,
-    modules: std::collections::HashMap<String, (Vec<u8>, std::sync::Arc<OwnedFd>)>,
+    vmlinux: Btf,
+    modules: std::collections::HashMap<String, (Btf, std::sync::Arc<OwnedFd>)>,
 }
 
 impl Resolver {
     pub fn new(root: &std::path::Path) -> Result<Resolver> {
-        let vmlinux = std::fs::read(root.join("vmlinux")).map_err(|e| Error::env(format!("no kernel BTF ({}/vmlinux: {e})", root.display())))?;
-        let vmlinux_types = Btf::parse(&vmlinux).ok_or_else(unreadable)?.type_count();
-        Ok(Resolver { root: root.to_path_buf(), vmlinux, vmlinux_types, modules: Default::default() })
+        let blob = std::fs::read(root.join("vmlinux")).map_err(|e| Error::env(format!("no kernel BTF ({}/vmlinux: {e})", root.display())))?;
+        let vmlinux = Btf::parse(&blob, None).map_err(|e| Error::env(format!("vmlinux BTF: {e}")))?;
+        Ok(Resolver { root: root.to_path_buf(), vmlinux, modules: Default::default() })
     }
 
     /// `module` is None for a function of vmlinux.
     pub fn target(&mut self, function: &str, module: Option<&str>) -> Result<Target> {
-        let base = Btf::parse(&self.vmlinux).ok_or_else(unreadable)?;
         let Some(m) = module else {
-            let btf_id = base.find_func(function, None).ok_or_else(|| Error::env(format!("{function} is not in the kernel's BTF")))?;
+            let btf_id = self.vmlinux.find_func(function).ok_or_else(|| Error::env(format!("{function} is not in the kernel's BTF")))?;
             return Ok(Target { function: function.into(), btf_id, obj: None });
         };
         if !self.modules.contains_key(m) {
             let blob = std::fs::read(self.root.join(m)).map_err(|e| Error::env(format!("module {m} has no BTF ({e})")))?;
+            let btf = Btf::parse(&blob, Some(&self.vmlinux)).map_err(|e| Error::env(format!("BTF of module {m}: {e}")))?;
             let fd = module_btf_fd(m)?;
-            self.modules.insert(m.to_string(), (blob, std::sync::Arc::new(fd)));
+            self.modules.insert(m.to_string(), (btf, std::sync::Arc::new(fd)));
         }
-        let (blob, fd) = &self.modules[m];
-        let btf = Btf::parse(blob).ok_or_else(|| Error::env(format!("BTF of module {m} unreadable")))?;
-        let btf_id = btf.find_func(function, Some((&base, self.vmlinux_types))).ok_or_else(|| Error::env(format!("{function} is not in the BTF of module {m}")))?;
+        let (btf, fd) = &self.modules[m];
+        let btf_id = btf.find_func(function).ok_or_else(|| Error::env(format!("{function} is not in the BTF of module {m}")))?;
         Ok(Target { function: function.into(), btf_id, obj: Some(fd.clone()) })
     }
-}
-
-fn unreadable() -> Error {
-    Error::env("kernel BTF unreadable")
 }
 
 /// The kernel's BTF object of a loaded module, found by name.

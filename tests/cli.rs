@@ -1,6 +1,7 @@
 //! Bad input, on any machine (no VM, no iSCSI): one clear line on stderr, a
 //! non-zero exit, no panic, and nothing typed by the user in the C text.
 
+use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output};
 
 fn isclatency(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -91,6 +92,45 @@ fn ebpf_prints_the_program_without_root_or_iscsi() {
     assert!(text.contains("#define FILTER_LUN 1") && text.contains("#define FILTER_LUN_VALUE 3LL"));
     assert!(!text.contains("{{"), "placeholder left in the program");
     assert!(text.contains("int stages_complete("));
+}
+
+/// Run iscstat unprivileged: as nobody when we are root (as in cli_freeze.rs).
+fn iscstat_as_nobody(args: &[&str]) -> Output {
+    let bin = env!("CARGO_BIN_EXE_iscstat");
+    if unsafe { libc::geteuid() } == 0 {
+        Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", bin]).args(args).output().expect("setpriv")
+    } else {
+        Command::new(bin).args(args).output().unwrap()
+    }
+}
+
+#[test]
+fn iscstat_ebpf_prints_the_program_without_root_or_iscsi() {
+    let out = iscstat_as_nobody(&["--ebpf", "-L", "-D", "-r", "--lun", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in ["#define PER_LUN 1", "#define PER_DIR 1", "#define PROM 0", "#define FILTER_DIR 1", "#define FILTER_LUN 1", "#define FILTER_LUN_VALUE 3LL"] {
+        assert!(text.contains(want), "{want:?} missing from the program");
+    }
+    assert!(text.contains("int stages_complete(") || text.contains("int fentry_complete("), "no completion function in the program");
+    assert!(!text.contains("{{"), "placeholder left in the program");
+
+    // --prom-file: iscstat checks at start, as the user it runs as, that it
+    // can write next to PATH; the program then splits rows per LUN and
+    // direction (the metrics' labels) even without -L and -D. The directory
+    // is in /tmp (not $TMPDIR, which nobody may not reach) and world-writable.
+    let dir = tempfile::Builder::new().prefix("iscstat-cli-").tempdir_in("/tmp").expect("temporary directory");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let prom = dir.path().join("x.prom");
+    let out = iscstat_as_nobody(&["--ebpf", "--prom-file", prom.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in ["#define PROM 1", "#define PER_LUN 1", "#define PER_DIR 1"] {
+        assert!(text.contains(want), "--prom-file: {want:?} missing from the program");
+    }
+    assert!(!text.contains("{{"), "placeholder left in the program");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "--ebpf writes no metrics and removes its write probe: {left:?}");
 }
 
 #[test]

@@ -4,11 +4,11 @@
 
 mod support;
 
-use std::collections::HashMap;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use storprototrace::runner::{self, Probe};
-use storprototrace::templates::{self, Template, Value};
-use support::json::Json;
+use storprototrace::templates::{self, Template};
 use support::*;
 
 const LAB: &str = "needs the iSCSI lab VM: run tests/all";
@@ -19,12 +19,33 @@ fn ms(ns: u64) -> f64 {
 
 /// Every printed command obeys TOTAL = WAIT + SEND + RESP, and no value is
 /// longer than the tool ran (so nothing negative or wrapped slipped through).
-fn check_sane(cmds: &[Json], run: Duration) {
+fn check_sane(cmds: &[Value], run: Duration) {
     let run_ns = run.as_nanos() as u64;
     for c in cmds {
-        let (w, s, r, t) = (c.get("wait_ns").u64(), c.get("send_ns").u64(), c.get("resp_ns").u64(), c.get("total_ns").u64());
-        assert_eq!(w + s + r, t, "stages do not add up: {c:?}");
-        assert!(t <= run_ns, "latency {t} ns is longer than the run ({run_ns} ns): {c:?}");
+        let (w, s, r, t) = (c.u64("wait_ns"), c.u64("send_ns"), c.u64("resp_ns"), c.u64("total_ns"));
+        assert_eq!(w + s + r, t, "stages do not add up: {c}");
+        assert!(t <= run_ns, "latency {t} ns is longer than the run ({run_ns} ns): {c}");
+    }
+}
+
+/// Every command's SCSI opcode (the CDB's first byte) is the READ or WRITE
+/// its direction says, and its direction one of `dirs`: READ(10) 0x28 or
+/// READ(16) 0x88 for "R", WRITE(10) 0x2a or WRITE(16) 0x8a for "W" (the
+/// disk's size decides which the sd driver uses). Prints the opcodes seen.
+fn check_opcodes(run: &str, cmds: &[Value], dirs: &[&str]) {
+    let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
+    for c in cmds {
+        *seen.entry(c.u64("opcode")).or_default() += 1;
+    }
+    println!("{run}: opcodes: {}", seen.iter().map(|(op, n)| format!("{op:#04x} x{n}")).collect::<Vec<_>>().join(", "));
+    for c in cmds {
+        let (dir, op) = (c.str("dir"), c.u64("opcode"));
+        let want: &[u64] = match dir {
+            "R" => &[0x28, 0x88],
+            "W" => &[0x2a, 0x8a],
+            _ => &[],
+        };
+        assert!(dirs.contains(&dir) && want.contains(&op), "{run}: opcode {op:#04x} on a command with dir {dir:?} (this run has only {dirs:?}): {c}");
     }
 }
 
@@ -34,7 +55,7 @@ fn chain_counts_commands_per_session() {
     let lab = lab();
     assert!(lab.disks.len() >= 3, "{LAB} with --targets 2 --luns 2");
     quiet_disks(&lab);
-    let text = Template::new(&[templates::ISCCOUNT]).render(&[("COMPLETED_STATE", Value::Ident("ISCSI_TASK_COMPLETED"))]).unwrap();
+    let text = Template::new(&[templates::ISCCOUNT]).render(&[("COMPLETED_STATE", templates::Value::Ident("ISCSI_TASK_COMPLETED"))]).unwrap();
     let mut bpf = runner::compile(&storprototrace::kernel::Kernel::detect(), &text).expect("compile");
     let _links = runner::attach(&mut bpf, &[Probe::entry("iscsi_queuecommand", "count_queuecommand"), Probe::entry("iscsi_complete_task", "count_complete")]).expect("attach");
     let (d1, d2) = (&lab.disks[0], &lab.disks[2]);
@@ -82,12 +103,13 @@ fn isclatency_exact_count_on_one_disk() {
             assert_eq!(fentry, module_btf, "fentry exactly where the iSCSI modules have BTF: {}", out.stderr);
         }
         let cmds = out.json();
-        let reads = cmds.iter().filter(|c| c.get("dir").str() == "R").count() as u64;
-        let writes = cmds.iter().filter(|c| c.get("dir").str() == "W").count() as u64;
+        let reads = cmds.iter().filter(|c| c.str("dir") == "R").count() as u64;
+        let writes = cmds.iter().filter(|c| c.str("dir") == "W").count() as u64;
         println!("fio: {} reads {} writes; isclatency ({name}: {}): {} commands ({reads} R, {writes} W)", f.reads, f.writes, if fentry { "fentry" } else { "kprobes" }, cmds.len());
         assert_eq!(cmds.len() as u64, f.ios(), "exactly one line per fio I/O");
         assert_eq!((reads, writes), (f.reads, f.writes));
-        assert!(cmds.iter().all(|c| c.get("disk").str() == d && c.get("bytes").u64() == 4096 && c.get("ok") == &Json::Bool(true)));
+        assert!(cmds.iter().all(|c| c.str("disk") == d && c.u64("bytes") == 4096 && c["ok"] == true));
+        check_opcodes(name, &cmds, &["R", "W"]);
         check_sane(&cmds, out.elapsed);
         assert_eq!(out.summary("events lost"), 0);
         assert_eq!(out.summary("still in flight"), 0);
@@ -111,13 +133,14 @@ fn isclatency_netem_delay_is_resp_time() {
     let cmds = out.json();
     assert_eq!(cmds.len() as u64, f.ios());
     check_sane(&cmds, out.elapsed);
+    check_opcodes("netem 5 ms", &cmds, &["R"]);
     let n = cmds.len() as f64;
-    let mean = |k: &str| cmds.iter().map(|c| c.get(k).u64() as f64).sum::<f64>() / n;
-    let min_send_resp = cmds.iter().map(|c| c.get("send_ns").u64() + c.get("resp_ns").u64()).min().unwrap();
-    let mut resp: Vec<u64> = cmds.iter().map(|c| c.get("resp_ns").u64()).collect();
+    let mean = |k: &str| cmds.iter().map(|c| c.u64(k) as f64).sum::<f64>() / n;
+    let min_send_resp = cmds.iter().map(|c| c.u64("send_ns") + c.u64("resp_ns")).min().unwrap();
+    let mut resp: Vec<u64> = cmds.iter().map(|c| c.u64("resp_ns")).collect();
     resp.sort();
     let resp_p10 = resp[resp.len() / 10];
-    let max_wait_send = cmds.iter().map(|c| c.get("wait_ns").u64() + c.get("send_ns").u64()).max().unwrap();
+    let max_wait_send = cmds.iter().map(|c| c.u64("wait_ns") + c.u64("send_ns")).max().unwrap();
     let ratio = mean("total_ns") / f.clat_mean_ns();
     println!(
         "netem 5 ms: {} commands; RESP p10 {:.3} ms mean {:.3} ms; SEND+RESP min {:.3} ms; WAIT mean {:.3} ms, SEND mean {:.3} ms, WAIT+SEND max {:.3} ms",
@@ -139,7 +162,8 @@ fn isclatency_netem_delay_is_resp_time() {
     let slow = out.json().len() as u64;
     println!("no netem, -m 10: {slow} of {} commands shown", f.ios());
     assert!(slow * 20 <= f.ios(), "{slow} of {} commands were 10 ms or more without any delay", f.ios());
-    assert!(out.json().iter().all(|c| c.get("total_ns").u64() >= 10_000_000));
+    assert!(out.json().iter().all(|c| c.u64("total_ns") >= 10_000_000));
+    check_opcodes("no netem, -m 10", &out.json(), &["R"]);
 }
 
 #[test]
@@ -156,7 +180,7 @@ fn isclatency_concurrency_exact_per_session() {
     let cmds = out.json();
     let mut per_sid: HashMap<u64, u64> = HashMap::new();
     for c in &cmds {
-        *per_sid.entry(c.get("sid").u64()).or_default() += 1;
+        *per_sid.entry(c.u64("sid")).or_default() += 1;
     }
     let (s1, s2) = (sid_of(d1) as u64, sid_of(d2) as u64);
     println!("iodepth 32: session {s1} fio {} / traced {:?}; session {s2} fio {} / traced {:?}", f1.ios(), per_sid.get(&s1), f2.ios(), per_sid.get(&s2));
@@ -180,7 +204,7 @@ fn isclatency_filters_show_only_and_all() {
         let jobs: Vec<_> = d.iter().zip([200u64, 300, 400, 500]).map(|(disk, n)| fio_cmd(disk, "randrw", n, 4, &[]).spawn().unwrap()).collect();
         jobs.into_iter().map(|j| fio_result(j.wait_with_output().unwrap())).collect()
     };
-    let check = |name: &str, out: Finished, want: u64, pred: &dyn Fn(&Json) -> bool| {
+    let check = |name: &str, out: Finished, want: u64, pred: &dyn Fn(&Value) -> bool| {
         let cmds = out.json();
         println!("{name}: expected {want}, shown {}", cmds.len());
         assert_eq!(cmds.len() as u64, want, "{name}: count");
@@ -193,18 +217,18 @@ fn isclatency_filters_show_only_and_all() {
     let by_lun = start("isclatency", &["-u", "0", "--json", "--lun", "1"]);
     let f = workload();
     let t1 = lab.targets[0].clone();
-    check("--sid", by_sid.stop(), f[2].ios() + f[3].ios(), &|c| c.get("sid").u64().to_string() == s2);
-    check("--target", by_target.stop(), f[0].ios() + f[1].ios(), &|c| c.get("target").str() == t1);
-    check("--lun", by_lun.stop(), f[1].ios() + f[3].ios(), &|c| c.get("lun").u64() == 1);
+    check("--sid", by_sid.stop(), f[2].ios() + f[3].ios(), &|c| c.u64("sid").to_string() == s2);
+    check("--target", by_target.stop(), f[0].ios() + f[1].ios(), &|c| c.str("target") == t1);
+    check("--lun", by_lun.stop(), f[1].ios() + f[3].ios(), &|c| c.u64("lun") == 1);
 
     let by_disk = start("isclatency", &["-u", "0", "--json", "--disk", &d[3]]);
     let reads = start("isclatency", &["-u", "0", "--json", "-r"]);
     let writes = start("isclatency", &["-u", "0", "--json", "-w"]);
     let f = workload();
     let d3 = d[3].clone();
-    check("--disk", by_disk.stop(), f[3].ios(), &|c| c.get("disk").str() == d3);
-    check("-r", reads.stop(), f.iter().map(|x| x.reads).sum(), &|c| c.get("dir").str() == "R");
-    check("-w", writes.stop(), f.iter().map(|x| x.writes).sum(), &|c| c.get("dir").str() == "W");
+    check("--disk", by_disk.stop(), f[3].ios(), &|c| c.str("disk") == d3);
+    check("-r", reads.stop(), f.iter().map(|x| x.reads).sum(), &|c| c.str("dir") == "R");
+    check("-w", writes.stop(), f.iter().map(|x| x.writes).sum(), &|c| c.str("dir") == "W");
 }
 
 #[test]
@@ -233,12 +257,12 @@ fn isclatency_survives_connection_loss_and_relogin() {
     let cmds = out.json();
     check_sane(&cmds, out.elapsed);
     let new_sid = s.sid as u64;
-    let on_new = cmds.iter().filter(|c| c.get("sid").u64() == new_sid).count() as u64;
+    let on_new = cmds.iter().filter(|c| c.u64("sid") == new_sid).count() as u64;
     println!("after re-login: session {new_sid} ({disk}) fio {} / traced {on_new}; summary: {}", after.ios(), out.stderr.lines().last().unwrap_or(""));
     assert!(on_new >= after.ios(), "commands of the new session are missing");
     // fio's 4 KiB reads on the new session's LUN 0 are named with its new disk
     // (the SCSI scan's own commands at login come before the disk exists).
-    assert!(cmds.iter().filter(|c| c.get("sid").u64() == new_sid && c.get("lun").u64() == 0 && c.get("bytes").u64() == 4096).all(|c| c.get("disk").str() == disk));
+    assert!(cmds.iter().filter(|c| c.u64("sid") == new_sid && c.u64("lun") == 0 && c.u64("bytes") == 4096).all(|c| c.str("disk") == disk));
     assert_eq!(out.summary("still in flight"), 0, "stale entries left in the in-flight map");
     assert!(out.summary("ended without a response") > 0, "the outage should have failed some commands");
 }

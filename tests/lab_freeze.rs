@@ -4,12 +4,12 @@
 
 mod support;
 
+use serde_json::Value;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use storprototrace::output::monotonic_ns;
-use support::json::Json;
 use support::*;
 
 fn ms(ns: u64) -> f64 {
@@ -32,9 +32,9 @@ fn switch(disk: &str, to: &str) -> (u32, u64, u64) {
 }
 
 struct Run {
-    freezes: Vec<Json>,
-    quiesces: Vec<Json>,
-    slow: Vec<Json>,
+    freezes: Vec<Value>,
+    quiesces: Vec<Value>,
+    slow: Vec<Value>,
     switches: Vec<(u32, u64, u64)>,
     fio: Fio,
     fio_pid: u32,
@@ -63,8 +63,8 @@ fn run_with_switches(disk: &str, k: usize, secs: u64) -> Run {
     assert!(fz.status.success(), "iscfreeze: {}", fz.stderr);
     assert!(ss.status.success(), "submitslower: {}", ss.stderr);
     let events = fz.json();
-    let on = |kind: &str| events.iter().filter(|e| e.get("kind").str() == kind && e.get("disk").str() == disk).cloned().collect::<Vec<_>>();
-    let others: Vec<&Json> = events.iter().filter(|e| e.get("disk").str() != disk).collect();
+    let on = |kind: &str| events.iter().filter(|e| e.str("kind") == kind && e.str("disk") == disk).cloned().collect::<Vec<_>>();
+    let others: Vec<&Value> = events.iter().filter(|e| e.str("disk") != disk).collect();
     assert!(others.is_empty(), "freezes/quiesces on other disks: {others:?}");
     println!("iscfreeze summary:\n{}", fz.stderr.lines().filter(|l| !l.starts_with("Tracing")).collect::<Vec<_>>().join("\n"));
     let said = fz.stderr.lines().filter(|l| l.contains("note:")).collect::<Vec<_>>().join("\n");
@@ -83,47 +83,47 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     for f in &r.freezes {
         println!(
             "  freeze by {} {}: frozen {:.3} ms, waiters {} (max {:.3} ms, total {:.3} ms); stack {}",
-            f.get("comm").str(), f.get("pid").u64(), ms(f.get("frozen_ns").u64()), f.get("waiters").u64(),
-            ms(f.get("wait_max_ns").u64()), ms(f.get("wait_total_ns").u64()), f.get("stack").str()
+            f.str("comm"), f.u64("pid"), ms(f.u64("frozen_ns")), f.u64("waiters"),
+            ms(f.u64("wait_max_ns")), ms(f.u64("wait_total_ns")), f.str("stack")
         );
     }
     // 6.1: elevator_switch() freezes once per switch (and quiesces inside the freeze).
     assert_eq!(r.freezes.len(), k, "one freeze per scheduler switch");
     let pids: Vec<u64> = r.switches.iter().map(|s| s.0 as u64).collect();
     for (f, (pid, t0, t1)) in r.freezes.iter().zip(&r.switches) {
-        assert_eq!(f.get("comm").str(), "sh", "started by the writing shell: {f:?}");
-        assert_eq!(f.get("pid").u64(), *pid as u64, "freezes in switch order, each by its writer: {f:?} (writers {pids:?})");
-        let stack = f.get("stack").str();
+        assert_eq!(f.str("comm"), "sh", "started by the writing shell: {f}");
+        assert_eq!(f.u64("pid"), *pid as u64, "freezes in switch order, each by its writer: {f} (writers {pids:?})");
+        let stack = f.str("stack");
         // The freeze is taken in the elevator switch (5.10, 6.1) or, from
         // 6.12, by the queue's sysfs store itself before it switches.
         assert!(
             ["elevator_switch", "elevator_change", "elv_iosched_store", "queue_attr_store"].iter().any(|f| stack.contains(f)),
             "stack shows the scheduler switch: {stack}"
         );
-        let (s, e) = (f.get("start_ns").u64(), f.get("end_ns").u64());
-        assert!(e > s && f.get("frozen_ns").u64() == e - s, "{f:?}");
-        assert!(s >= *t0 && e <= *t1, "the freeze lies inside the write to the scheduler file: {f:?} vs {t0}..{t1}");
-        assert_eq!(f.get("waits_seen").u64(), f.get("waiters").u64(), "every waiter's wait arrived");
+        let (s, e) = (f.u64("start_ns"), f.u64("end_ns"));
+        assert!(e > s && f.u64("frozen_ns") == e - s, "{f}");
+        assert!(s >= *t0 && e <= *t1, "the freeze lies inside the write to the scheduler file: {f} vs {t0}..{t1}");
+        assert_eq!(f.u64("waits_seen"), f.u64("waiters"), "every waiter's wait arrived");
     }
-    let delayed: u64 = r.freezes.iter().map(|f| f.get("waiters").u64()).sum();
+    let delayed: u64 = r.freezes.iter().map(|f| f.u64("waiters")).sum();
     println!("I/O delayed behind the {k} freezes: {delayed} submissions");
     for q in &r.quiesces {
-        let qs = q.get("stack").str();
-        assert!(["elevator_switch", "elevator_change", "elv_iosched_store", "queue_attr_store"].iter().any(|f| qs.contains(f)), "{q:?}");
-        assert!(q.get("waiters") == &Json::Null);
+        let qs = q.str("stack");
+        assert!(["elevator_switch", "elevator_change", "elv_iosched_store", "queue_attr_store"].iter().any(|f| qs.contains(f)), "{q}");
+        assert!(q["waiters"].is_null(), "{q}");
     }
 
     // submitslower: fio's slow submissions, those during a switch and the others.
-    let fio_slow: Vec<&Json> = r.slow.iter().filter(|s| s.get("disk").str() == d && s.get("comm").str() == "fio").collect();
-    assert!(r.slow.iter().all(|s| s.get("lat_ns").u64() >= 1_000_000));
-    let during = |s: &Json| {
-        let end = s.get("end_ns").u64();
-        let begin = end - s.get("lat_ns").u64();
-        r.freezes.iter().any(|f| begin <= f.get("end_ns").u64() && end >= f.get("start_ns").u64())
+    let fio_slow: Vec<&Value> = r.slow.iter().filter(|s| s.str("disk") == d && s.str("comm") == "fio").collect();
+    assert!(r.slow.iter().all(|s| s.u64("lat_ns") >= 1_000_000));
+    let during = |s: &Value| {
+        let end = s.u64("end_ns");
+        let begin = end - s.u64("lat_ns");
+        r.freezes.iter().any(|f| begin <= f.u64("end_ns") && end >= f.u64("start_ns"))
     };
-    let in_switch: Vec<&Json> = fio_slow.iter().copied().filter(|s| during(s)).collect();
-    let max_in = in_switch.iter().map(|s| s.get("lat_ns").u64()).max().unwrap_or(0);
-    let max_out = fio_slow.iter().copied().filter(|s| !during(s)).map(|s| s.get("lat_ns").u64()).max().unwrap_or(0);
+    let in_switch: Vec<&Value> = fio_slow.iter().copied().filter(|s| during(s)).collect();
+    let max_in = in_switch.iter().map(|s| s.u64("lat_ns")).max().unwrap_or(0);
+    let max_out = fio_slow.iter().copied().filter(|s| !during(s)).map(|s| s.u64("lat_ns")).max().unwrap_or(0);
     println!(
         "submitslower -m 1 --iscsi: {} slow submissions by fio (pid {}), {} overlapping a freeze (max {:.3} ms), max elsewhere {:.3} ms",
         fio_slow.len(), r.fio_pid, in_switch.len(), ms(max_in), ms(max_out)
@@ -147,7 +147,7 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     let before = scheduler(&d);
     let r0 = run_with_switches(&d, 0, 12);
     assert_eq!(scheduler(&d), before);
-    let fio_slow0 = r0.slow.iter().filter(|s| s.get("comm").str() == "fio").count();
+    let fio_slow0 = r0.slow.iter().filter(|s| s.str("comm") == "fio").count();
     println!("no switching: {} I/Os, {} freezes, {} quiesces, {fio_slow0} slow submissions by fio", r0.fio.ios(), r0.freezes.len(), r0.quiesces.len());
     assert_eq!(r0.freezes.len(), 0, "no freeze without a switch: {:?}", r0.freezes);
     assert_eq!(r0.quiesces.len(), 0, "no quiesce without a switch: {:?}", r0.quiesces);
@@ -227,17 +227,17 @@ fn connection_loss_is_a_quiesce_from_failure_to_relogin() {
     for e in &events {
         println!(
             "  {} {} by {} {}: {:.3} s .. {:.3} s = {:.3} s; stack {}",
-            e.get("kind").str(), e.get("disk").str(), e.get("comm").str(), e.get("pid").u64(),
-            e.get("start_ns").u64() as f64 / 1e9, e.get("end_ns").u64() as f64 / 1e9, e.get("frozen_ns").u64() as f64 / 1e9, e.get("stack").str()
+            e.str("kind"), e.str("disk"), e.str("comm"), e.u64("pid"),
+            e.u64("start_ns") as f64 / 1e9, e.u64("end_ns") as f64 / 1e9, e.u64("frozen_ns") as f64 / 1e9, e.str("stack")
         );
     }
-    assert!(events.iter().all(|e| e.get("kind").str() == "quiesce"), "a connection loss freezes nothing");
+    assert!(events.iter().all(|e| e.str("kind") == "quiesce"), "a connection loss freezes nothing");
     let lab_disks: Vec<&str> = lab.disks.iter().map(String::as_str).collect();
-    assert!(events.iter().all(|e| lab_disks.contains(&e.get("disk").str())), "only iSCSI disks");
-    let q: Vec<&Json> = events.iter().filter(|e| e.get("disk").str() == d).collect();
+    assert!(events.iter().all(|e| lab_disks.contains(&e.str("disk"))), "only iSCSI disks");
+    let q: Vec<&Value> = events.iter().filter(|e| e.str("disk") == d).collect();
     assert_eq!(q.len(), 1, "one quiesce of {d} for the outage: {q:?}");
     let q = q[0];
-    let (qs, qe) = (q.get("start_ns").u64(), q.get("end_ns").u64());
+    let (qs, qe) = (q.u64("start_ns"), q.u64("end_ns"));
     let err = *conn_err.last().expect("the kernel logged the connection error");
     let relogin = states.iter().rev().find(|(_, s)| s == "LOGGED_IN").map(|(t, _)| *t).unwrap();
     let failed = states.iter().find(|(_, s)| s == "FAILED").map(|(t, _)| *t).expect("the session went FAILED");

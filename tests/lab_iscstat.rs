@@ -4,9 +4,9 @@
 
 mod support;
 
+use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
-use support::json::Json;
 use support::*;
 
 
@@ -30,7 +30,7 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     assert!(stat.status.success(), "{}", stat.stderr);
     let rows = stat.json();
     let sum = |lun: u64, dir: &str, key: &str| -> u64 {
-        rows.iter().filter(|r| r.get("lun").u64() == lun && r.get("dir").str() == dir).map(|r| r.get(key).u64()).sum()
+        rows.iter().filter(|r| r.u64("lun") == lun && r.str("dir") == dir).map(|r| r.u64(key)).sum()
     };
     println!("LUN 0: fio {} R {} W; iscstat {} R {} W", f0.reads, f0.writes, sum(0, "R", "count"), sum(0, "W", "count"));
     assert_eq!(sum(0, "R", "count"), f0.reads);
@@ -38,17 +38,17 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     assert_eq!(sum(0, "R", "bytes") + sum(0, "W", "bytes"), 4096 * f0.ios());
     assert_eq!(sum(1, "R", "count"), f1.reads);
     assert_eq!(sum(1, "W", "count") + sum(0, "-", "count") + sum(1, "-", "count"), 0, "commands from nowhere");
-    let delayed: Vec<&Json> = rows.iter().filter(|r| r.get("lun").u64() == 1 && r.get("count").u64() > 0).collect();
-    let n: u64 = delayed.iter().map(|r| r.get("count").u64()).sum();
-    let wavg = |k: &str| delayed.iter().map(|r| r.get(k).u64() as f64 * r.get("count").u64() as f64).sum::<f64>() / n as f64;
+    let delayed: Vec<&Value> = rows.iter().filter(|r| r.u64("lun") == 1 && r.u64("count") > 0).collect();
+    let n: u64 = delayed.iter().map(|r| r.u64("count")).sum();
+    let wavg = |k: &str| delayed.iter().map(|r| r.u64(k) as f64 * r.u64("count") as f64).sum::<f64>() / n as f64;
     for r in &delayed {
-        assert!(r.get("resp_avg_ns").u64() >= 10_000_000 && r.get("resp_p50_ns").u64() >= 9_700_000, "RESP under netem 5 ms: {r:?}");
-        assert!(r.get("total_max_ns").u64() <= stat.elapsed.as_nanos() as u64);
+        assert!(r.u64("resp_avg_ns") >= 10_000_000 && r.u64("resp_p50_ns") >= 9_700_000, "RESP under netem 5 ms: {r}");
+        assert!(r.u64("total_max_ns") <= stat.elapsed.as_nanos() as u64);
     }
     assert!(wavg("wait_avg_ns") < 2e6 && wavg("send_avg_ns") < 2e6);
-    let cmds: Vec<Json> = lat.json().into_iter().filter(|c| c.get("lun").u64() == 1).collect();
+    let cmds: Vec<Value> = lat.json().into_iter().filter(|c| c.u64("lun") == 1).collect();
     assert_eq!(cmds.len() as u64, n, "isclatency and iscstat saw the same commands");
-    let lat_mean = cmds.iter().map(|c| c.get("total_ns").u64() as f64).sum::<f64>() / n as f64;
+    let lat_mean = cmds.iter().map(|c| c.u64("total_ns") as f64).sum::<f64>() / n as f64;
     let stat_mean = wavg("total_avg_ns");
     println!("netem 5 ms, LUN 1: iscstat TOTAL avg {:.3} ms (RESP avg {:.3} ms), isclatency mean TOTAL {:.3} ms, ratio {:.4}", stat_mean / 1e6, wavg("resp_avg_ns") / 1e6, lat_mean / 1e6, stat_mean / lat_mean);
     // Both tools time the same commands at the same probe points, but their
@@ -61,10 +61,10 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
 
 
 /// Per (sid, lun) command counts summed over every interval.
-fn counts(rows: &[Json]) -> HashMap<(u64, u64), u64> {
+fn counts(rows: &[Value]) -> HashMap<(u64, u64), u64> {
     let mut m = HashMap::new();
     for r in rows {
-        *m.entry((r.get("sid").u64(), r.get("lun").u64())).or_default() += r.get("count").u64();
+        *m.entry((r.u64("sid"), r.u64("lun"))).or_default() += r.u64("count");
     }
     m
 }
@@ -76,8 +76,9 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     assert_eq!(lab.disks.len(), 4, "needs --targets 2 --luns 2");
     quiet_disks(&lab);
     let d = &lab.disks;
-    let prom = "/tmp/iscstat-test.prom";
-    let all = start("iscstat", &["1", "--json", "-L", "--prom-file", prom]);
+    let prom_dir = tempfile::tempdir().expect("temporary directory");
+    let prom = prom_dir.path().join("iscstat-test.prom");
+    let all = start("iscstat", &["1", "--json", "-L", "--prom-file", prom.to_str().unwrap()]);
     let t2 = start("iscstat", &["1", "--json", "-L", "--target", "target2$"]);
     let lat = start("isclatency", &["-u", "0", "--json"]);
     let jobs: Vec<_> = [(0usize, 1500u64), (1, 700), (2, 1200)].iter().map(|&(i, n)| (i, fio_cmd(&d[i], "randrw", n, 32, &[]).spawn().unwrap())).collect();
@@ -102,13 +103,13 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     let run_ns = all.elapsed.as_nanos() as u64;
     for r in all.json() {
         for st in ["wait", "send", "resp", "total"] {
-            assert!(r.get(&format!("{st}_max_ns")).u64() <= run_ns, "a maximum longer than the run: {r:?}");
-            assert!(r.get(&format!("{st}_avg_ns")).u64() <= r.get(&format!("{st}_max_ns")).u64());
+            assert!(r.u64(&format!("{st}_max_ns")) <= run_ns, "a maximum longer than the run: {r}");
+            assert!(r.u64(&format!("{st}_avg_ns")) <= r.u64(&format!("{st}_max_ns")));
         }
     }
     // The Prometheus file: valid for promtool, and its counters add up.
-    let text = std::fs::read_to_string(prom).expect("prom file written");
-    let check = std::process::Command::new("promtool").args(["check", "metrics"]).stdin(std::fs::File::open(prom).unwrap()).output().expect("promtool");
+    let text = std::fs::read_to_string(&prom).expect("prom file written");
+    let check = std::process::Command::new("promtool").args(["check", "metrics"]).stdin(std::fs::File::open(&prom).unwrap()).output().expect("promtool");
     println!("promtool: {}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
     assert!(check.status.success(), "promtool rejected the file");
     let total: u64 = text.lines().filter(|l| l.starts_with("iscsi_commands_total{")).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum();
@@ -139,10 +140,10 @@ fn iscstat_rows_follow_logout_and_relogin() {
     let out = t.stop();
     assert!(out.status.success(), "{}", out.stderr);
     let rows = out.json();
-    let per_sid = |sid: u64| rows.iter().filter(|r| r.get("sid").u64() == sid).map(|r| r.get("count").u64()).sum::<u64>();
+    let per_sid = |sid: u64| rows.iter().filter(|r| r.u64("sid") == sid).map(|r| r.u64("count")).sum::<u64>();
     println!("session {s1}: fio {} iscstat {}; re-logged session {new_sid} ({disk}): fio {} iscstat {}", f0.ios(), per_sid(s1), after.ios(), per_sid(new_sid));
     assert_eq!(per_sid(s1), f0.ios(), "the other session's count must stay exact");
     assert!(per_sid(new_sid) >= after.ios(), "rows of the new session must appear without a restart");
-    let times: Vec<&str> = rows.iter().filter(|r| r.get("sid").u64() == new_sid).map(|r| r.get("time").str()).collect();
+    let times: Vec<&str> = rows.iter().filter(|r| r.u64("sid") == new_sid).map(|r| r.str("time")).collect();
     assert!(!times.is_empty());
 }

@@ -183,3 +183,28 @@ fn run(args: Args) -> Result<()> {
     output::summary(args.common.json, &mut out, &[format!("{shown} slow submissions shown, {timed} submissions timed, {lost} events lost")]);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every branch of the template with the values this tool passes.
+    #[test]
+    fn every_branch_renders() {
+        for argv in [&["submitslower"][..], &["submitslower", "-p", "42", "--iscsi"], &["submitslower", "--disk", "sda", "-u", "0"]] {
+            let args = Args::parse_from(argv);
+            for bio_bdev in [true, false] {
+                for ringbuf in [true, false] {
+                    let plan = Plan { layout: BlockLayout { bio_bdev, ..BlockLayout::modern() }, ringbuf };
+                    let dev = args.disk.as_ref().map(|_| blockdev::kdev(8, 0));
+                    let c = render(&plan, &args, 1000, dev).unwrap();
+                    assert!(!c.contains("{{"));
+                    assert!(c.contains(&format!("#define BIO_BDEV {}\n", bio_bdev as u8)));
+                    assert!(c.contains(&format!("#define FILTER_SET {}\n", args.iscsi as u8)));
+                    assert!(c.contains(&format!("#define FILTER_DEV {}\n", dev.is_some() as u8)));
+                    assert!(c.contains(&format!("#define USE_RINGBUF {}\n", ringbuf as u8)));
+                }
+            }
+        }
+    }
+}

@@ -3,14 +3,41 @@
 //! until it says "Tracing", then stopping it with a signal.
 #![allow(dead_code)]
 
-pub mod json;
-
-use json::Json;
+use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use storprototrace::topology::Topology;
+
+/// Typed access to a field of a JSON object (a tool's --json line, fio's
+/// output) by a dotted path: `c.u64("wait_ns")`, `j.f64("jobs.0.read.clat_ns.mean")`.
+/// Each panics, naming the path and showing the object, when the field is
+/// missing or of another type: a test never reads a default.
+pub trait JsonExt {
+    fn path(&self, p: &str) -> &Value;
+    fn str(&self, p: &str) -> &str;
+    fn u64(&self, p: &str) -> u64;
+    fn f64(&self, p: &str) -> f64;
+}
+
+impl JsonExt for Value {
+    fn path(&self, p: &str) -> &Value {
+        self.pointer(&format!("/{}", p.replace('.', "/"))).unwrap_or_else(|| panic!("no field {p:?} in {self}"))
+    }
+    fn str(&self, p: &str) -> &str {
+        let v = self.path(p);
+        v.as_str().unwrap_or_else(|| panic!("field {p:?} is {v}, not a string, in {self}"))
+    }
+    fn u64(&self, p: &str) -> u64 {
+        let v = self.path(p);
+        v.as_u64().unwrap_or_else(|| panic!("field {p:?} is {v}, not an unsigned integer, in {self}"))
+    }
+    fn f64(&self, p: &str) -> f64 {
+        let v = self.path(p);
+        v.as_f64().unwrap_or_else(|| panic!("field {p:?} is {v}, not a number, in {self}"))
+    }
+}
 
 pub struct Lab {
     pub disks: Vec<String>,
@@ -119,14 +146,14 @@ pub fn fio_result(out: std::process::Output) -> Fio {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "fio failed: {text}{}", String::from_utf8_lossy(&out.stderr));
     let start = text.find('{').expect("fio printed no JSON");
-    let j = Json::parse(&text[start..]).expect("fio JSON");
+    let j: Value = serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio's JSON does not parse ({e}): {text}"));
     let job = j.path("jobs.0");
     Fio {
-        reads: job.path("read.total_ios").u64(),
-        writes: job.path("write.total_ios").u64(),
-        read_clat_mean_ns: job.path("read.clat_ns.mean").f64(),
-        write_clat_mean_ns: job.path("write.clat_ns.mean").f64(),
-        runtime_ms: job.path("job_runtime").f64(),
+        reads: job.u64("read.total_ios"),
+        writes: job.u64("write.total_ios"),
+        read_clat_mean_ns: job.f64("read.clat_ns.mean"),
+        write_clat_mean_ns: job.f64("write.clat_ns.mean"),
+        runtime_ms: job.f64("job_runtime"),
     }
 }
 
@@ -144,6 +171,7 @@ pub struct Traced {
 }
 
 pub struct Finished {
+    pub name: String,
     pub status: std::process::ExitStatus,
     pub lines: Vec<String>,
     pub stderr: String,
@@ -151,8 +179,9 @@ pub struct Finished {
 }
 
 impl Finished {
-    pub fn json(&self) -> Vec<Json> {
-        self.lines.iter().map(|l| Json::parse(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}"))).collect()
+    /// Every stdout line parsed; a line that is not JSON fails the test.
+    pub fn json(&self) -> Vec<Value> {
+        self.lines.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{} printed a line that is not JSON ({e}): {l:?}", self.name))).collect()
     }
     /// The summary line's number before `what` (e.g. "events lost").
     pub fn summary(&self, what: &str) -> u64 {
@@ -256,7 +285,7 @@ impl Traced {
         std::thread::sleep(Duration::from_millis(200));
         let lines: Vec<String> = self.stdout.try_iter().collect();
         let stderr = self.stderr.lock().unwrap().clone();
-        Finished { status, lines, stderr, elapsed: self.started.elapsed() }
+        Finished { name: self.name.clone(), status, lines, stderr, elapsed: self.started.elapsed() }
     }
     pub fn stop(self) -> Finished {
         self.stop_with(libc::SIGINT)
