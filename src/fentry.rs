@@ -30,7 +30,7 @@ pub enum Side {
     Exit,
 }
 
-fn bpf(cmd: i64, attr: &mut [u8]) -> std::io::Result<i64> {
+pub(crate) fn bpf(cmd: i64, attr: &mut [u8]) -> std::io::Result<i64> {
     let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() as u32) };
     if r < 0 {
         Err(std::io::Error::last_os_error())
@@ -39,21 +39,21 @@ fn bpf(cmd: i64, attr: &mut [u8]) -> std::io::Result<i64> {
     }
 }
 
-fn put32(a: &mut [u8], off: usize, v: u32) {
+pub(crate) fn put32(a: &mut [u8], off: usize, v: u32) {
     a[off..off + 4].copy_from_slice(&v.to_ne_bytes());
 }
 
-fn get32(a: &[u8], off: usize) -> u32 {
+pub(crate) fn get32(a: &[u8], off: usize) -> u32 {
     u32::from_ne_bytes([a[off], a[off + 1], a[off + 2], a[off + 3]])
 }
 
-fn get64(a: &[u8], off: usize) -> u64 {
+pub(crate) fn get64(a: &[u8], off: usize) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&a[off..off + 8]);
     u64::from_ne_bytes(b)
 }
 
-fn put64(a: &mut [u8], off: usize, v: u64) {
+pub(crate) fn put64(a: &mut [u8], off: usize, v: u64) {
     a[off..off + 8].copy_from_slice(&v.to_ne_bytes());
 }
 
@@ -179,16 +179,8 @@ pub fn can_attach(target: &Target) -> bool {
 }
 
 /// Times the kernel skipped this program because it was already running on
-/// that CPU (`recursion_misses` of struct bpf_prog_info, 5.12 and later;
-/// 0 where the kernel does not report it).
+/// that CPU (`recursion_misses`, 5.12 and later; 0 where the kernel does
+/// not report it).
 pub fn misses(prog: &OwnedFd) -> u64 {
-    let mut info = [0u8; 224];
-    let mut attr = [0u8; 16];
-    put32(&mut attr, 0, prog.as_raw_fd() as u32);
-    put32(&mut attr, 4, info.len() as u32);
-    put64(&mut attr, 8, info.as_mut_ptr() as u64);
-    match bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) {
-        Ok(_) if get32(&attr, 4) >= 216 => get64(&info, 208),
-        _ => 0,
-    }
+    crate::progs::info(prog.as_raw_fd()).map(|p| p.recursion_misses).unwrap_or(0)
 }

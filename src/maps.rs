@@ -30,6 +30,19 @@ pub enum Counter {
 impl Counter {
     pub const ALL: [Counter; 7] = [Counter::Lost, Counter::EndedNoResponse, Counter::DispatchBusy, Counter::InflightFull, Counter::EndNotSeen, Counter::FreezeUnfiltered, Counter::SubmitTimed];
 
+    /// Why a command was not counted, for the exporter's label.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Counter::Lost => "buffer_full",
+            Counter::EndedNoResponse => "ended_without_response",
+            Counter::DispatchBusy => "dispatch_busy",
+            Counter::InflightFull => "inflight_map_full",
+            Counter::EndNotSeen => "end_not_seen",
+            Counter::FreezeUnfiltered => "freeze_unfiltered",
+            Counter::SubmitTimed => "submit_timed",
+        }
+    }
+
     /// The name of its slot in common.h.
     pub fn c_name(self) -> &'static str {
         match self {

@@ -33,6 +33,82 @@ pub struct Exposition {
     pub series: BTreeMap<Labels, Row>,
     /// SEND can be told apart (else its series are left out: unknown).
     pub have_sent: bool,
+    /// The tracer's own health, when known.
+    pub health: Option<Health>,
+}
+
+/// What the tracer itself does and costs, as the exporter's own series.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// e.g. "stages"
+    pub probe_set: &'static str,
+    /// "fentry" or "kprobes"
+    pub mechanism: &'static str,
+    /// Commands not counted, by reason (counter slot names, lower case).
+    pub lost: Vec<(&'static str, u64)>,
+    /// Probe hits the kernel skipped (fentry: program already running).
+    pub skipped_hits: u64,
+    /// Per BPF program: (name, run time ns, run count), when the kernel
+    /// keeps them (kernel.bpf_stats_enabled=1); None when it does not.
+    pub programs: Option<Vec<(String, u64, u64)>>,
+}
+
+impl Health {
+    fn render(&self, o: &mut String) {
+        o.push_str("# HELP iscsi_tracer_up Whether the tracer's probes are attached, by probe set and mechanism.\n# TYPE iscsi_tracer_up gauge\n");
+        o.push_str(&format!("iscsi_tracer_up{{probe_set=\"{}\",mechanism=\"{}\"}} 1\n", self.probe_set, self.mechanism));
+        o.push_str("# HELP iscsi_tracer_lost_commands_total Commands the tracer did not count, by reason.\n# TYPE iscsi_tracer_lost_commands_total counter\n");
+        for (reason, n) in &self.lost {
+            o.push_str(&format!("iscsi_tracer_lost_commands_total{{reason=\"{reason}\"}} {n}\n"));
+        }
+        o.push_str("# HELP iscsi_tracer_skipped_probe_hits_total Probe hits the kernel skipped because the program was already running on that CPU.\n# TYPE iscsi_tracer_skipped_probe_hits_total counter\n");
+        o.push_str(&format!("iscsi_tracer_skipped_probe_hits_total {}\n", self.skipped_hits));
+        o.push_str("# HELP iscsi_tracer_bpf_stats_enabled Whether the kernel counts BPF programs' run time (sysctl kernel.bpf_stats_enabled).\n# TYPE iscsi_tracer_bpf_stats_enabled gauge\n");
+        o.push_str(&format!("iscsi_tracer_bpf_stats_enabled {}\n", self.programs.is_some() as u8));
+        if let Some(progs) = &self.programs {
+            o.push_str("# HELP iscsi_tracer_bpf_run_seconds_total Time the kernel spent running each of the tracer's BPF programs.\n# TYPE iscsi_tracer_bpf_run_seconds_total counter\n");
+            for (name, ns, _) in progs {
+                o.push_str(&format!("iscsi_tracer_bpf_run_seconds_total{{program=\"{}\"}} {}\n", escape_label(name), seconds(*ns)));
+            }
+            o.push_str("# HELP iscsi_tracer_bpf_runs_total Times each of the tracer's BPF programs ran.\n# TYPE iscsi_tracer_bpf_runs_total counter\n");
+            for (name, _, n) in progs {
+                o.push_str(&format!("iscsi_tracer_bpf_runs_total{{program=\"{}\"}} {n}\n", escape_label(name)));
+            }
+        }
+    }
+}
+
+/// iscstat's rows as they are collected (every interval, and at every
+/// scrape with --listen): kept for the next report, and added to the
+/// cumulative exposition when there is one.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Rows since the last report.
+    pub interval: BTreeMap<RowKey, Row>,
+    pub exposition: Option<Exposition>,
+}
+
+impl Tally {
+    pub fn new(exposition: Option<Exposition>) -> Tally {
+        Tally { interval: BTreeMap::new(), exposition }
+    }
+
+    /// Add rows collected from the kernel, labelled from `topo` (read just
+    /// now); `health` is asked for only when there is an exposition.
+    pub fn add(&mut self, rows: BTreeMap<RowKey, Row>, topo: &Topology, health: impl FnOnce() -> Health) {
+        if let Some(e) = &mut self.exposition {
+            e.add_rows(&rows, topo);
+            e.keep_sessions(topo);
+            e.health = Some(health());
+        }
+        for (k, r) in rows {
+            self.interval.entry(k).or_default().merge(&r);
+        }
+    }
+
+    pub fn render(&self) -> String {
+        self.exposition.as_ref().map(Exposition::render).unwrap_or_default()
+    }
 }
 
 /// A label value in the text exposition format: only backslash, double
@@ -81,7 +157,13 @@ fn seconds(ns: u64) -> String {
 
 impl Exposition {
     pub fn new(have_sent: bool) -> Exposition {
-        Exposition { series: BTreeMap::new(), have_sent }
+        Exposition { series: BTreeMap::new(), have_sent, health: None }
+    }
+
+    /// Drop the series of sessions that are gone (logged out): their
+    /// counters stop; a session logged in again has series of its own.
+    pub fn keep_sessions(&mut self, topo: &Topology) {
+        self.series.retain(|l, _| topo.session(l.sid).map(|s| s.target == l.target).unwrap_or(false));
     }
 
     /// Add one interval's rows (per LUN and direction), labelled from the
@@ -131,6 +213,9 @@ impl Exposition {
                 o.push_str(&format!("iscsi_command_stage_seconds_sum{{{}}} {}\n", label_text(l, &format!(",stage=\"{stage}\"")), seconds(s.sum[i])));
                 o.push_str(&format!("iscsi_command_stage_seconds_count{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\""))));
             }
+        }
+        if let Some(h) = &self.health {
+            h.render(&mut o);
         }
         o
     }
@@ -222,6 +307,13 @@ mod tests {
         use std::process::{Command, Stdio};
         let mut e = odd_labels();
         e.have_sent = true;
+        e.health = Some(Health {
+            probe_set: "stages",
+            mechanism: "fentry",
+            lost: vec![("buffer_full", 0), ("end_not_seen", 2)],
+            skipped_hits: 1,
+            programs: Some(vec![("fentry_complete".into(), 1_500, 3), ("fexit_xmit".into(), 20, 1)]),
+        });
         let mut child = Command::new("promtool")
             .args(["check", "metrics"])
             .stdin(Stdio::piped())
@@ -234,5 +326,44 @@ mod tests {
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success(), "promtool check metrics: {text}");
         assert!(!text.contains("error"), "{text}");
+        let t = e.render();
+        assert!(t.contains("iscsi_tracer_bpf_run_seconds_total{program=\"fentry_complete\"} 0.0000015\n"), "{t}");
+        assert!(t.contains("iscsi_tracer_lost_commands_total{reason=\"end_not_seen\"} 2\n"));
+    }
+
+    #[test]
+    fn tally_keeps_the_interval_and_the_cumulative_series() {
+        let topo = Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
+        let key = RowKey { sid: 2, cid: 0, host: topo.session(2).unwrap().host, lun: 1, dir: 2 };
+        let rows = || BTreeMap::from([(key, Row { count: 3, bytes: 12288, ..Default::default() })]);
+        let mut t = Tally::new(Some(Exposition::new(true)));
+        t.add(rows(), &topo, Health::default);
+        t.add(rows(), &topo, Health::default);
+        assert_eq!(t.interval[&key].count, 6, "a scrape's rows still reach the next report");
+        std::mem::take(&mut t.interval);
+        t.add(rows(), &topo, Health::default);
+        assert_eq!(t.interval[&key].count, 3);
+        assert!(t.render().contains(",direction=\"write\",") && t.render().contains("} 9\n"), "cumulative: {}", t.render());
+        let mut none = Tally::new(None);
+        none.add(rows(), &topo, || unreachable!("no exposition: health is not read"));
+        assert_eq!(none.render(), "");
+    }
+
+    #[test]
+    fn gone_sessions_lose_their_series() {
+        let topo = Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
+        let mut e = Exposition::new(true);
+        let s1 = topo.session(1).unwrap();
+        let key = RowKey { sid: 1, cid: 0, host: s1.host, lun: 0, dir: 1 };
+        e.add_rows(&BTreeMap::from([(key, Row { count: 4, ..Default::default() })]), &topo);
+        e.add_rows(&BTreeMap::from([(key, Row { count: 1, ..Default::default() }), (RowKey { sid: 9, ..key }, Row { count: 1, ..Default::default() })]), &topo);
+        assert_eq!(e.series.len(), 2);
+        e.keep_sessions(&topo);
+        assert_eq!(e.series.len(), 1, "session 9 does not exist");
+        let (l, r) = e.series.iter().next().unwrap();
+        assert_eq!((l.sid, l.direction, l.target.as_str(), r.count), (1, "read", s1.target.as_str(), 5));
+        assert!(e.render().contains(&format!("iscsi_commands_total{{sid=\"1\",cid=\"0\",lun=\"0\",direction=\"read\",target=\"{}\"", s1.target)));
+        e.keep_sessions(&Topology::default());
+        assert!(e.series.is_empty());
     }
 }

@@ -197,6 +197,26 @@ pub struct Tracing {
     pub links: Links,
 }
 
+impl Tracing {
+    /// The tracer's own health and cost, for the exporter.
+    pub fn health(&self) -> crate::prom::Health {
+        use crate::maps::{self, Counter};
+        let lost = match self.bpf.table("counters") {
+            Ok(mut c) => [Counter::Lost, Counter::InflightFull, Counter::EndNotSeen].iter().map(|k| (k.reason(), maps::counter(&mut c, *k))).collect(),
+            Err(_) => Vec::new(),
+        };
+        let programs = crate::progs::stats_enabled().then(|| {
+            let mut by_name: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+            for p in crate::progs::own_programs() {
+                let e = by_name.entry(p.name).or_default();
+                *e = (e.0 + p.run_time_ns, e.1 + p.run_cnt);
+            }
+            by_name.into_iter().map(|(n, (ns, cnt))| (n, ns, cnt)).collect()
+        });
+        crate::prom::Health { probe_set: "stages", mechanism: if self.plan.fentry { "fentry" } else { "kprobes" }, lost, skipped_hits: self.links.missed(), programs }
+    }
+}
+
 /// The start-up of isclatency and iscstat. With --ebpf: print the program
 /// and return None (no root, no iSCSI needed). Else the checks (a filter
 /// naming nothing is the user's mistake and is said first; then root,

@@ -160,3 +160,32 @@ fn iscstat_bad_input() {
         assert!(err.starts_with("iscstat: error: ") && err.contains(want), "{args:?}: {err:?}");
     }
 }
+
+/// `--listen`: the address is checked, then bound before anything else, so
+/// a bad, taken or privileged port is one line and a non-zero exit.
+#[test]
+fn iscstat_listen_bad_input() {
+    let check = |out: Output, code: i32, want: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err:?}");
+        assert!(err.starts_with("iscstat: error: ") && err.contains(want), "{err:?} lacks {want:?}");
+        assert!(!err.contains("panicked"));
+    };
+    for bad in ["host:9464", "99999", "0", "1.2.3.4"] {
+        check(iscstat_as_nobody(&["--listen", bad]), 2, &format!("--listen '{bad}': "));
+    }
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    check(iscstat_as_nobody(&["--listen", &port]), 1, &format!("--listen 127.0.0.1:{port}: cannot listen: "));
+    // As an unprivileged user (ip_unprivileged_port_start is 1024 here).
+    let start: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start").map(|s| s.trim().parse().unwrap_or(1024)).unwrap_or(1024);
+    if start > 80 {
+        check(iscstat_as_nobody(&["--listen", "80"]), 1, "ports below 1024 need root or CAP_NET_BIND_SERVICE");
+    } else {
+        eprintln!("note: unprivileged users may bind port 80 here (ip_unprivileged_port_start={start}): not checked");
+    }
+    // A free port and nothing else wrong but the user: the root check.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    check(iscstat_as_nobody(&["--listen", &free]), 1, "must be run as root");
+}

@@ -5,6 +5,7 @@
 use clap::Parser;
 use std::time::{Duration, Instant};
 use storprototrace::cli::{self, Common};
+use storprototrace::exporter::{self, Exporter};
 use storprototrace::filters::Filters;
 use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out, Unit};
@@ -20,7 +21,9 @@ const EXAMPLES: &str = "examples:
     iscstat -m -L -D     # per LUN, reads and writes apart, times in ms
     iscstat -P           # with p50/p95/p99/max of each stage
     iscstat -H 10 1      # log2 histograms of each stage over 10 s
-    iscstat --sid 1 --json";
+    iscstat --sid 1 --json
+    iscstat 10 --listen 9464 --quiet      # Prometheus exporter on 127.0.0.1:9464/metrics
+    iscstat --listen 0.0.0.0:9464 -q      # the same on every address (firewall it)";
 
 /// Stages as in isclatency: WAIT (queued in libiscsi), SEND (PDU handed to
 /// TCP), RESP (waiting for the target; for writes includes R2T round trips),
@@ -55,6 +58,15 @@ struct Args {
     /// textfile-collector metrics (cumulative counters and histograms)
     #[arg(long, value_name = "PATH")]
     prom_file: Option<std::path::PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics, read from the
+    /// kernel at each scrape (the --prom-file series, plus the tracer's own
+    /// health and cost). A port alone listens on 127.0.0.1 only; give
+    /// 0.0.0.0:PORT or [::]:PORT to be scraped from other hosts
+    #[arg(long, value_name = "[ADDR:]PORT")]
+    listen: Option<String>,
+    /// No reports on the terminal (for a daemon with --listen or --prom-file)
+    #[arg(short = 'q', long)]
+    quiet: bool,
     #[command(flatten)]
     filters: Filters,
     #[command(flatten)]
@@ -77,9 +89,14 @@ fn run(args: Args) -> Result<()> {
     if let Some(p) = &args.prom_file {
         prom::check_writable(p)?;
     }
+    let listen = args.listen.as_deref().map(exporter::parse_listen).transpose()?;
+    let exporter = match listen {
+        Some(addr) if !args.common.ebpf => Some(Exporter::bind(addr)?),
+        _ => None,
+    };
     // Prometheus series are always per LUN and direction; the rows shown
     // are merged back to what -L/-D ask for.
-    let prom = args.prom_file.is_some();
+    let prom = args.prom_file.is_some() || exporter.is_some();
     let values = [("PER_LUN", (args.per_lun || prom).into()), ("PER_DIR", (args.per_dir || prom).into()), ("PROM", prom.into())];
     let Some(t) = stages::start("iscstat", &args.common, &args.filters, templates::ISCSTAT, &values)? else { return Ok(()) };
     stats::check_maps(&t.bpf)?;
@@ -87,7 +104,8 @@ fn run(args: Args) -> Result<()> {
     let stop = Stop::install(duration)?;
     let clock = Clock::start();
     let mut out = Out::new();
-    output::status(args.common.json, &mut out, "Tracing iSCSI commands... Hit Ctrl-C to end.");
+    let listening = exporter.as_ref().map(|e| format!(", metrics at http://{}/metrics", e.addr)).unwrap_or_default();
+    output::status(args.common.json || args.quiet, &mut out, &format!("Tracing iSCSI commands{listening}... Hit Ctrl-C to end."));
     let view = StatView {
         unit: if args.ms { Unit::Ms } else { Unit::Us },
         per_lun: args.per_lun,
@@ -98,36 +116,50 @@ fn run(args: Args) -> Result<()> {
         json: args.common.json,
         have_sent: t.plan.have_sent,
     };
-    let mut topo = t.topo;
-    let mut exposition = prom::Exposition::new(t.plan.have_sent);
+    let mut topo = t.topo.clone();
+    let mut tally = prom::Tally::new(prom.then(|| prom::Exposition::new(t.plan.have_sent)));
+    let take = |rows, topo: &mut Topology, tally: &mut prom::Tally| -> Result<()> {
+        if let Ok(now) = Topology::read(std::path::Path::new("/sys")) {
+            *topo = now;
+        }
+        tally.add(rows, topo, || t.health());
+        Ok(())
+    };
     let (mut reports, mut last, mut last_lost) = (0u64, Instant::now(), 0u64);
     loop {
         let next = last + Duration::from_secs(args.interval);
         while Instant::now() < next && !stop.stopped() {
-            std::thread::sleep(Duration::from_millis(stop.poll_ms(100) as u64));
+            let wait = Duration::from_millis(stop.poll_ms(100) as u64).min(next.saturating_duration_since(Instant::now()));
+            match &exporter {
+                Some(x) => {
+                    if let Some(scrape) = x.next(wait) {
+                        take(collector.collect(&t.bpf)?, &mut topo, &mut tally)?;
+                        let _ = scrape.reply.send(tally.render());
+                    }
+                }
+                None => std::thread::sleep(wait),
+            }
         }
         let elapsed = last.elapsed().as_secs_f64();
         last = Instant::now();
-        let rows = collector.collect(&t.bpf)?;
-        if let Ok(now) = Topology::read(std::path::Path::new("/sys")) {
-            topo = now;
+        take(collector.collect(&t.bpf)?, &mut topo, &mut tally)?;
+        if let (Some(path), Some(e)) = (&args.prom_file, &tally.exposition) {
+            e.write(path)?;
         }
-        if let Some(path) = &args.prom_file {
-            exposition.add_rows(&rows, &topo);
-            exposition.write(path)?;
-        }
-        let rows = stats::regroup(&rows, args.per_lun, args.per_dir);
+        let rows = stats::regroup(&std::mem::take(&mut tally.interval), args.per_lun, args.per_dir);
         let mut counters = t.bpf.table("counters")?;
         // Commands not counted: map full, an end the kernel did not let us
         // see, or a program hit the kernel skipped.
         let lost = [Counter::Lost, Counter::InflightFull, Counter::EndNotSeen].iter().map(|c| maps::counter(&mut counters, *c)).sum::<u64>() + t.links.missed();
         let now = output::monotonic_ns();
         let stamp = if args.common.timestamp || !args.common.json { clock.wall(now) } else { format!("{:.3}", clock.since_start(now)) };
-        let lines = view.report(&topo, &rows, elapsed, &stamp, lost - last_lost);
-        if !lines.iter().all(|l| out.line(l)) {
-            break;
+        if !args.quiet {
+            let lines = view.report(&topo, &rows, elapsed, &stamp, lost - last_lost);
+            if !lines.iter().all(|l| out.line(l)) {
+                break;
+            }
+            out.flush();
         }
-        out.flush();
         last_lost = lost;
         reports += 1;
         if stop.stopped() || args.count.map(|c| reports >= c).unwrap_or(false) {
