@@ -124,7 +124,10 @@ fn isclatency_netem_delay_is_resp_time() {
     let lab = lab();
     quiet_disks(&lab);
     let d = &lab.disks[0];
-    let t = start("isclatency", &["-u", "0", "--json", "--disk", d]);
+    // Both tools at once (one compile time): every command with -u 0, and
+    // with -m 10 through both phases: the netem phase, where every command
+    // takes 10 ms or more, then a light job without delay.
+    let [t, m10]: [Traced; 2] = start_together(&[("isclatency", &["-u", "0", "--json", "--disk", d]), ("isclatency", &["-m", "10", "--json", "--disk", d])]).try_into().ok().unwrap();
     let f = {
         let _delay = Netem::add("delay 5ms");
         fio(d, "randread", 200, 1, &[])
@@ -155,15 +158,19 @@ fn isclatency_netem_delay_is_resp_time() {
     assert!(mean("wait_ns") < 2e6 && mean("send_ns") < 2e6, "WAIT/SEND should be far below the delay");
     assert!(ratio > 0.5 && ratio <= 1.02, "the driver's share of fio's latency must be at most all of it");
 
-    // Without the delay, a light job has (almost) nothing of 10 ms or more.
-    let t = start("isclatency", &["-m", "10", "--json", "--disk", d]);
+    // Without the delay, a light job has (almost) nothing of 10 ms or more:
+    // -m 10 shows every command of the netem phase (all took 10 ms or
+    // more, asserted above) and few of the light job.
+    let netem_cmds = f.ios();
     let f = fio(d, "randread", 300, 1, &[]);
-    let out = t.stop();
-    let slow = out.json().len() as u64;
-    println!("no netem, -m 10: {slow} of {} commands shown", f.ios());
+    let out = m10.stop();
+    let shown = out.json().len() as u64;
+    assert!(shown >= netem_cmds, "-m 10 missed commands of the netem phase: {shown} shown, {netem_cmds} in that phase");
+    let slow = shown - netem_cmds;
+    println!("-m 10: all {netem_cmds} commands of the netem phase; without netem {slow} of {} commands shown", f.ios());
     assert!(slow * 20 <= f.ios(), "{slow} of {} commands were 10 ms or more without any delay", f.ios());
     assert!(out.json().iter().all(|c| c.u64("total_ns") >= 10_000_000));
-    check_opcodes("no netem, -m 10", &out.json(), &["R"]);
+    check_opcodes("-m 10", &out.json(), &["R"]);
 }
 
 #[test]
@@ -212,18 +219,22 @@ fn isclatency_filters_show_only_and_all() {
         check_sane(&cmds, out.elapsed);
     };
 
-    let by_sid = start("isclatency", &["-u", "0", "--json", "--sid", &s2]);
-    let by_target = start("isclatency", &["-u", "0", "--json", "--target", "target1$"]);
-    let by_lun = start("isclatency", &["-u", "0", "--json", "--lun", "1"]);
+    let [by_sid, by_target, by_lun]: [Traced; 3] = start_together(&[
+        ("isclatency", &["-u", "0", "--json", "--sid", &s2]),
+        ("isclatency", &["-u", "0", "--json", "--target", "target1$"]),
+        ("isclatency", &["-u", "0", "--json", "--lun", "1"]),
+    ]).try_into().ok().unwrap();
     let f = workload();
     let t1 = lab.targets[0].clone();
     check("--sid", by_sid.stop(), f[2].ios() + f[3].ios(), &|c| c.u64("sid").to_string() == s2);
     check("--target", by_target.stop(), f[0].ios() + f[1].ios(), &|c| c.str("target") == t1);
     check("--lun", by_lun.stop(), f[1].ios() + f[3].ios(), &|c| c.u64("lun") == 1);
 
-    let by_disk = start("isclatency", &["-u", "0", "--json", "--disk", &d[3]]);
-    let reads = start("isclatency", &["-u", "0", "--json", "-r"]);
-    let writes = start("isclatency", &["-u", "0", "--json", "-w"]);
+    let [by_disk, reads, writes]: [Traced; 3] = start_together(&[
+        ("isclatency", &["-u", "0", "--json", "--disk", &d[3]]),
+        ("isclatency", &["-u", "0", "--json", "-r"]),
+        ("isclatency", &["-u", "0", "--json", "-w"]),
+    ]).try_into().ok().unwrap();
     let f = workload();
     let d3 = d[3].clone();
     check("--disk", by_disk.stop(), f[3].ios(), &|c| c.str("disk") == d3);

@@ -45,8 +45,7 @@ struct Run {
 /// fio writing to `disk` for `secs` seconds with iscfreeze and submitslower
 /// running; `k` scheduler switches (none <-> mq-deadline) in the middle.
 fn run_with_switches(disk: &str, k: usize, secs: u64) -> Run {
-    let fz = start("iscfreeze", &["--json", "-u", "0"]);
-    let ss = start("submitslower", &["--json", "-m", "1", "--iscsi"]);
+    let [fz, ss]: [Traced; 2] = start_together(&[("iscfreeze", &["--json", "-u", "0"]), ("submitslower", &["--json", "-m", "1", "--iscsi"])]).try_into().ok().unwrap();
     let job = fio_cmd(disk, "randwrite", 10_000_000, 8, &["--time_based", &format!("--runtime={secs}")]).spawn().unwrap();
     let fio_pid = job.id();
     std::thread::sleep(Duration::from_secs(3));

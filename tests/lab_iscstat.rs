@@ -18,8 +18,7 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     let (d0, d1) = (&lab.disks[0], &lab.disks[1]);
     let sid = sid_of(d0).to_string();
     assert_eq!(sid, sid_of(d1).to_string(), "the first two lab disks are LUNs 0 and 1 of one target");
-    let stat = start("iscstat", &["1", "--json", "-L", "-D", "-P", "--sid", &sid]);
-    let lat = start("isclatency", &["-u", "0", "--json", "--sid", &sid]);
+    let [stat, lat]: [Traced; 2] = start_together(&[("iscstat", &["1", "--json", "-L", "-D", "-P", "--sid", &sid]), ("isclatency", &["-u", "0", "--json", "--sid", &sid])]).try_into().ok().unwrap();
     let f0 = fio(d0, "randrw", 1000, 8, &[]);
     let f1 = {
         let _delay = Netem::add("delay 5ms");
@@ -69,6 +68,35 @@ fn counts(rows: &[Value]) -> HashMap<(u64, u64), u64> {
     m
 }
 
+/// Abuse of the exporter while it works: a client that connects and sends
+/// nothing, one that sends garbage, then 1,000 requests (every tenth a
+/// scrape). Returns the idle connection (held until the caller drops it)
+/// and the replies that were not 200 to a good request.
+fn abuse_exporter(addr: &'static str) -> std::thread::JoinHandle<(std::net::TcpStream, Vec<String>)> {
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let idle = std::net::TcpStream::connect(addr).unwrap();
+        let mut garbage = std::net::TcpStream::connect(addr).unwrap();
+        garbage.write_all(b"\x16\x03\x01\x02\x00 not http at all\r\n\r\n").unwrap();
+        let mut sink = Vec::new();
+        let _ = garbage.read_to_end(&mut sink);
+        let mut bad = Vec::new();
+        for i in 0..1000 {
+            let path = if i % 10 == 0 { "/metrics" } else { "/" };
+            let (code, body) = http_get(addr, path);
+            if code != 200 {
+                bad.push(format!("{path}: {code} {body}"));
+            }
+        }
+        (idle, bad)
+    })
+}
+
+/// The Prometheus bucket (index into LE_NS, len = +Inf) holding `ns`.
+fn le_bucket(ns: f64) -> usize {
+    storprototrace::prom::LE_NS.iter().position(|&le| ns <= le as f64).unwrap_or(storprototrace::prom::LE_NS.len())
+}
+
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
@@ -76,26 +104,77 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     assert_eq!(lab.disks.len(), 4, "needs --targets 2 --luns 2");
     quiet_disks(&lab);
     let d = &lab.disks;
+    const EXPORTER: &str = "127.0.0.1:9464";
+    let server = Prometheus::start(EXPORTER, 9090);
     let prom_dir = tempfile::tempdir().expect("temporary directory");
     let prom = prom_dir.path().join("iscstat-test.prom");
-    let all = start("iscstat", &["1", "--json", "-L", "--prom-file", prom.to_str().unwrap()]);
-    let t2 = start("iscstat", &["1", "--json", "-L", "--target", "target2$"]);
-    let lat = start("isclatency", &["-u", "0", "--json"]);
+    // One report, at the end: the same commands as Prometheus' counters.
+    let all = spawn("iscstat", &["3600", "--json", "-L", "-D", "-P", "--prom-file", prom.to_str().unwrap(), "--listen", "9464"], &[]);
+    let t2 = spawn("iscstat", &["1", "--json", "-L", "--target", "target2$"], &[]);
+    let lat = spawn("isclatency", &["-u", "0", "--json"], &[]);
+    let (all, t2, lat) = (all.ready(), t2.ready(), lat.ready());
+    server.wait_ready();
+    std::thread::sleep(Duration::from_secs(3));
+    let rss_before = all.rss_kb();
+    let abuse = abuse_exporter(EXPORTER);
     let jobs: Vec<_> = [(0usize, 1500u64), (1, 700), (2, 1200)].iter().map(|&(i, n)| (i, fio_cmd(&d[i], "randrw", n, 32, &[]).spawn().unwrap())).collect();
     let f: HashMap<usize, Fio> = jobs.into_iter().map(|(i, j)| (i, fio_result(j.wait_with_output().unwrap()))).collect();
-    std::thread::sleep(Duration::from_millis(1500));
-    let (all, t2, lat) = (all.stop(), t2.stop(), lat.stop());
+    let (idle, bad) = abuse.join().expect("abusing client");
+    let rss_after = all.rss_kb();
+    println!("exporter: RSS {rss_before} kB before 1,000 requests, {rss_after} kB after; {} bad replies", bad.len());
+    assert!(bad.is_empty(), "requests refused during the abuse: {bad:?}");
+    assert!(rss_after <= rss_before + 4096, "RSS grew by {} kB over 1,000 requests", rss_after - rss_before);
+    // Let Prometheus scrape after the last completion, then ask it.
+    std::thread::sleep(Duration::from_secs(4));
     let topo = topology();
+    for i in [0, 1, 2] {
+        for (dir, n) in [("read", f[&i].reads), ("write", f[&i].writes)] {
+            let got = server.one(&format!("sum(iscsi_commands_total{{device=\"{}\",direction=\"{dir}\"}})", d[i]));
+            println!("prometheus: {} {dir}: {got} (fio {n})", d[i]);
+            assert_eq!(got, n as f64, "Prometheus' iscsi_commands_total for {} {dir}", d[i]);
+        }
+    }
+    let scrapes = server.one("count_over_time(up{job=\"iscstat\"}[15m])");
+    let up_min = server.one("min_over_time(up{job=\"iscstat\"}[15m])");
+    let slowest = server.one("max_over_time(scrape_duration_seconds{job=\"iscstat\"}[15m])");
+    println!("prometheus: {scrapes} scrapes, min(up) {up_min}, slowest scrape {slowest:.3} s");
+    assert!(scrapes >= 5.0 && up_min == 1.0, "every scrape must succeed: {scrapes} scrapes, min(up) {up_min}");
+    assert_eq!(server.one("iscsi_tracer_up"), 1.0);
+    assert_eq!(server.one("sum(iscsi_tracer_lost_commands_total)"), 0.0);
+    // A scrape of our own, checked by promtool.
+    let (code, metrics) = http_get(EXPORTER, "/metrics");
+    assert_eq!(code, 200);
+    let mut check = std::process::Command::new("promtool").args(["check", "metrics"]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("promtool");
+    std::io::Write::write_all(&mut check.stdin.take().unwrap(), metrics.as_bytes()).unwrap();
+    let check = check.wait_with_output().unwrap();
+    println!("promtool on a scrape: {}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
+    assert!(check.status.success(), "promtool rejected a scrape");
+    let quantiles: Vec<(usize, &str, f64)> = [0usize, 2].iter().flat_map(|&i| ["read", "write"].map(|dir| (i, dir))).map(|(i, dir)| {
+        (i, dir, server.one(&format!("histogram_quantile(0.5, sum by (le) (iscsi_command_stage_seconds_bucket{{device=\"{}\",direction=\"{dir}\",stage=\"total\"}}))", d[i])))
+    }).collect();
+    drop(idle);
+    let (all, t2, lat) = (all.stop(), t2.stop(), lat.stop());
     let key = |i: usize| {
         let (s, l) = topo.disk(&d[i]).unwrap();
         (s.sid as u64, l.lun)
     };
-    let c = counts(&all.json());
+    let rows = all.json();
+    let c = counts(&rows);
     for i in [0, 1, 2] {
         println!("{} (sid {} lun {}): fio {} iscstat {:?}", d[i], key(i).0, key(i).1, f[&i].ios(), c.get(&key(i)));
         assert_eq!(c.get(&key(i)).copied().unwrap_or(0), f[&i].ios(), "{} count", d[i]);
     }
     assert_eq!(c.get(&key(3)).copied().unwrap_or(0), 0, "no I/O was sent to {}", d[3]);
+    assert!(rows.iter().all(|r| r.u64("lost") == 0), "iscstat lost events");
+    // histogram_quantile of Prometheus' buckets against iscstat's own p50
+    // (fine buckets) for the same commands: within one Prometheus bucket.
+    for (i, dir, q) in quantiles {
+        let letter = if dir == "read" { "R" } else { "W" };
+        let row = rows.iter().find(|r| (r.u64("sid"), r.u64("lun")) == key(i) && r.str("dir") == letter).unwrap_or_else(|| panic!("no iscstat row for {} {dir}", d[i]));
+        let ours = row.u64("total_p50_ns") as f64;
+        println!("p50 of TOTAL for {} {dir}: Prometheus {:.3} ms, iscstat {:.3} ms", d[i], q * 1e3, ours / 1e6);
+        assert!(le_bucket(q * 1e9).abs_diff(le_bucket(ours)) <= 1, "{} {dir}: Prometheus p50 {q} s vs iscstat {ours} ns", d[i]);
+    }
     let c2 = counts(&t2.json());
     assert!(c2.keys().all(|k| k.0 == key(2).0), "--target target2$ showed another session: {c2:?}");
     assert_eq!(c2.get(&key(2)).copied().unwrap_or(0), f[&2].ios());
@@ -126,7 +205,26 @@ fn iscstat_rows_follow_logout_and_relogin() {
     let d0 = lab.disks[0].clone();
     let target2 = lab.targets.last().unwrap().clone();
     let s1 = sid_of(&d0) as u64;
-    let t = start("iscstat", &["1", "--json"]);
+    let t = start("iscstat", &["1", "--json", "--listen", "9465"]);
+    // Scrape all along: no scrape may fail while sessions come and go.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut n, mut failed, mut last) = (0, Vec::new(), String::new());
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (code, body) = http_get("127.0.0.1:9465", "/metrics");
+                n += 1;
+                if code != 200 {
+                    failed.push(code);
+                }
+                last = body;
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            (n, failed, last)
+        })
+    };
+    let old_sid = topology().sessions.iter().find(|s| &s.target == lab.targets.last().unwrap()).unwrap().sid;
     let steady = fio_cmd(&d0, "randread", 4000, 4, &[]).spawn().unwrap();
     std::thread::sleep(Duration::from_secs(2));
     sh(&format!("iscsiadm -m node -T {target2} -p 127.0.0.1 -u"));
@@ -137,8 +235,14 @@ fn iscstat_rows_follow_logout_and_relogin() {
     let after = fio(&disk, "randread", 300, 2, &[]);
     let f0 = fio_result(steady.wait_with_output().unwrap());
     std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (scrapes, failed, last) = scraper.join().expect("scraper");
     let out = t.stop();
     assert!(out.status.success(), "{}", out.stderr);
+    println!("exporter: {scrapes} scrapes across logout and login, {} failed", failed.len());
+    assert!(scrapes >= 10 && failed.is_empty(), "scrapes failed: {failed:?}");
+    assert!(last.contains(&format!("iscsi_commands_total{{sid=\"{new_sid}\",")), "the new session's series resume: {last}");
+    assert!(!last.contains(&format!("sid=\"{old_sid}\"")) || old_sid == new_sid as u32, "the logged-out session's series stop: {last}");
     let rows = out.json();
     let per_sid = |sid: u64| rows.iter().filter(|r| r.u64("sid") == sid).map(|r| r.u64("count")).sum::<u64>();
     println!("session {s1}: fio {} iscstat {}; re-logged session {new_sid} ({disk}): fio {} iscstat {}", f0.ios(), per_sid(s1), after.ios(), per_sid(new_sid));

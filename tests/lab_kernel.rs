@@ -19,7 +19,7 @@ fn every_tool_starts_and_reports_its_probe_points() {
         ("iscfreeze", &["-v", "--json"]),
         ("submitslower", &["-v", "--json", "--iscsi"]),
     ];
-    let started: Vec<_> = tools.iter().map(|(t, a)| (t, start(t, a))).collect();
+    let started: Vec<_> = tools.iter().map(|(t, _)| t).zip(start_together(&tools)).collect();
     std::thread::sleep(Duration::from_secs(1));
     for (tool, t) in started {
         let out = t.stop();
