@@ -1,14 +1,21 @@
 /* iscstat.c: per-row aggregates of the per-command stages, in the kernel.
  * A row is a session:connection (and LUN with PER_LUN, direction with
- * PER_DIR). User space flips `epoch` each interval, waits for programs in
- * flight to finish, then reads and deletes the rows of the old epoch: no
+ * PER_DIR). User space flips an epoch, waits for programs in flight to
+ * finish, then reads and deletes the entries of the old epoch: no
  * per-command events cross to user space and no update is lost between
- * reading and clearing. */
+ * reading and clearing. epoch[EPOCH_ROWS] (rows and Prometheus buckets)
+ * flips at every interval and every scrape; epoch[EPOCH_FINE] (the fine
+ * histograms, only kept with FINE_HIST) at every interval only, so a
+ * scrape never walks them. */
 #define PER_LUN {{PER_LUN}}
 #define PER_DIR {{PER_DIR}}
 /* Exact Prometheus histogram buckets (src/prom.rs LE_NS holds the same
  * bounds): counted per row, stage and bucket when --prom-file is given. */
 #define PROM {{PROM}}
+/* Fine histograms for percentiles and log2 histograms (-P, -H). */
+#define FINE_HIST {{FINE_HIST}}
+#define EPOCH_ROWS 0
+#define EPOCH_FINE 1
 /* Stage numbers of sum[], max[] and hist_key.stage; src/stats.rs STAGES
  * lists them in this order (a test checks). */
 #define STAGE_WAIT 0
@@ -40,7 +47,7 @@ struct hist_key {
     u32 bucket;
 };
 
-BPF_ARRAY(epoch, u32, 1);
+BPF_ARRAY(epoch, u32, 2);
 BPF_PERCPU_HASH(rows, struct row_key, struct row_val, 4096);
 BPF_HASH(hists, struct hist_key, u64, 65536);
 BPF_HASH(prom, struct hist_key, u64, 16384);
@@ -91,26 +98,29 @@ static __always_inline u32 fine_bucket(u64 ns)
     return (msb - 3) * 16 + ((v >> (msb - 4)) & 15);
 }
 
-static __always_inline void add_stage(struct row_val *v, struct hist_key *hk, int i, u64 ns)
+/* hk: the row in the rows epoch; fk: the same row in the fine epoch. */
+static __always_inline void add_stage(struct row_val *v, struct hist_key *hk, struct hist_key *fk, int i, u64 ns)
 {
     v->sum[i] += ns;
     if (ns > v->max[i])
         v->max[i] = ns;
-    hk->stage = i;
-    hk->bucket = fine_bucket(ns);
-    hists.atomic_increment(*hk);
+    if (FINE_HIST) {
+        fk->stage = i;
+        fk->bucket = fine_bucket(ns);
+        hists.atomic_increment(*fk);
+    }
     if (PROM) {
-        struct hist_key pk = *hk;
-        pk.bucket = le_index(ns);
-        prom.atomic_increment(pk);
+        hk->stage = i;
+        hk->bucket = le_index(ns);
+        prom.atomic_increment(*hk);
     }
 }
 
 static __always_inline void on_command_done(void *ctx,
         struct inflight *f, struct stage_times *t, int result)
 {
-    u32 zero = 0;
-    u32 *ep = epoch.lookup(&zero);
+    u32 slot = EPOCH_ROWS;
+    u32 *ep = epoch.lookup(&slot);
     struct row_key k = {};
     k.epoch = ep ? *ep : 0;
     k.sid = f->sid;
@@ -126,12 +136,16 @@ static __always_inline void on_command_done(void *ctx,
     }
     v->count += 1;
     v->bytes += f->bytes;
-    struct hist_key hk = {};
+    struct hist_key hk = {}, fk = {};
     hk.row = k;
-    add_stage(v, &hk, STAGE_WAIT, t->wait);
+    fk.row = k;
+    slot = EPOCH_FINE;
+    ep = epoch.lookup(&slot);
+    fk.row.epoch = ep ? *ep : 0;
+    add_stage(v, &hk, &fk, STAGE_WAIT, t->wait);
 #if HAVE_SENT
-    add_stage(v, &hk, STAGE_SEND, t->send);  /* else unknown: no SEND statistics at all */
+    add_stage(v, &hk, &fk, STAGE_SEND, t->send);  /* else unknown: no SEND statistics at all */
 #endif
-    add_stage(v, &hk, STAGE_RESP, t->resp);
-    add_stage(v, &hk, STAGE_TOTAL, t->total);
+    add_stage(v, &hk, &fk, STAGE_RESP, t->resp);
+    add_stage(v, &hk, &fk, STAGE_TOTAL, t->total);
 }

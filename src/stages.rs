@@ -363,8 +363,8 @@ mod tests {
         let filters = [KernelFilter::default(), KernelFilter { hosts: Some(vec![1]), devices: Some(vec![1]), lun: Some(1), cid: Some(0), pid: Some(9), dir: 2 }];
         let tools: [(&str, Vec<(&'static str, Value)>); 3] = [
             (templates::ISCLATENCY, vec![("MIN_US", 10_000u64.into())]),
-            (templates::ISCSTAT, vec![("PER_LUN", false.into()), ("PER_DIR", true.into()), ("PROM", false.into())]),
-            (templates::ISCSTAT, vec![("PER_LUN", true.into()), ("PER_DIR", true.into()), ("PROM", true.into())]),
+            (templates::ISCSTAT, vec![("PER_LUN", false.into()), ("PER_DIR", true.into()), ("PROM", false.into()), ("FINE_HIST", true.into())]),
+            (templates::ISCSTAT, vec![("PER_LUN", true.into()), ("PER_DIR", true.into()), ("PROM", true.into()), ("FINE_HIST", false.into())]),
         ];
         let mut rendered = 0;
         for scsi in [ScsiLayout::modern(), OLD, ScsiLayout { task_lookup: TaskLookup::PrivateData, cdb_pointer: true }] {

@@ -188,25 +188,38 @@ pub fn check_maps(bpf: &bcc::BPF) -> Result<()> {
     Ok(())
 }
 
-/// The epoch the programs write to: flipped every interval.
+/// The epochs the programs write to (iscstat.c `epoch[]`): the rows and
+/// Prometheus buckets' flips at every collection, the fine histograms' at
+/// every report only (a scrape never walks them).
 pub struct Collector {
-    epoch: u32,
+    rows_epoch: u32,
+    fine_epoch: u32,
     ncpus: usize,
 }
 
+const EPOCH_ROWS: u32 = 0;
+const EPOCH_FINE: u32 = 1;
+
 impl Collector {
     pub fn new() -> Result<Collector> {
-        Ok(Collector { epoch: 0, ncpus: maps::possible_cpus()? })
+        Ok(Collector { rows_epoch: 0, fine_epoch: 0, ncpus: maps::possible_cpus()? })
     }
 
-    /// Flip the epoch, let programs that read the old one finish, then read
-    /// and delete every row and histogram bucket of the old epoch.
-    pub fn collect(&mut self, bpf: &bcc::BPF) -> Result<BTreeMap<RowKey, Row>> {
-        let old = self.epoch;
-        self.epoch ^= 1;
+    fn flip(bpf: &bcc::BPF, slot: u32, epoch: &mut u32) -> Result<u32> {
+        let old = *epoch;
+        *epoch ^= 1;
         let mut ep = bpf.table("epoch")?;
-        ep.set(&mut 0u32.to_ne_bytes().to_vec(), &mut self.epoch.to_ne_bytes().to_vec())
+        ep.set(&mut slot.to_ne_bytes().to_vec(), &mut epoch.to_ne_bytes().to_vec())
             .map_err(|e| Error::env(format!("cannot switch epoch: {e}")))?;
+        Ok(old)
+    }
+
+    /// Flip the epoch(s), let programs that read the old one finish, then
+    /// read and delete every entry of the old epoch. `fine`: the fine
+    /// histograms too (at a report with -P/-H; not at a scrape).
+    pub fn collect(&mut self, bpf: &bcc::BPF, fine: bool) -> Result<BTreeMap<RowKey, Row>> {
+        let old = Self::flip(bpf, EPOCH_ROWS, &mut self.rows_epoch)?;
+        let old_fine = if fine { Some(Self::flip(bpf, EPOCH_FINE, &mut self.fine_epoch)?) } else { None };
         std::thread::sleep(Duration::from_millis(20));
         let mut rows: BTreeMap<RowKey, Row> = BTreeMap::new();
         let mut rt = bpf.table("rows")?;
@@ -227,12 +240,16 @@ impl Collector {
                 }
             }
         }
-        let mut ht = bpf.table("hists")?;
-        for (k, v) in maps::entries(&mut ht, 1 << 17) {
-            if let Some((e, key, stage, bucket)) = parse_hist_key(&k) {
-                if e == old && (stage as usize) < STAGES.len() {
-                    *rows.entry(key).or_default().hist[stage as usize].entry(bucket).or_default() += maps::first_u64(&v);
-                    maps::delete(&mut ht, &k);
+        if let Some(old_fine) = old_fine {
+            let mut ht = bpf.table("hists")?;
+            for (k, v) in maps::entries(&mut ht, 1 << 17) {
+                if let Some((e, key, stage, bucket)) = parse_hist_key(&k) {
+                    if e == old_fine && (stage as usize) < STAGES.len() {
+                        // A row's fine buckets may come without its counts
+                        // (a scrape took those): the report merges them.
+                        *rows.entry(key).or_default().hist[stage as usize].entry(bucket).or_default() += maps::first_u64(&v);
+                        maps::delete(&mut ht, &k);
+                    }
                 }
             }
         }

@@ -115,6 +115,8 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     let (all, t2, lat) = (all.ready(), t2.ready(), lat.ready());
     server.wait_ready();
     std::thread::sleep(Duration::from_secs(3));
+    // Scrapes from here on must all succeed (before, iscstat was compiling).
+    let watched = std::time::Instant::now();
     let rss_before = all.rss_kb();
     let abuse = abuse_exporter(EXPORTER);
     let jobs: Vec<_> = [(0usize, 1500u64), (1, 700), (2, 1200)].iter().map(|&(i, n)| (i, fio_cmd(&d[i], "randrw", n, 32, &[]).spawn().unwrap())).collect();
@@ -134,10 +136,11 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
             assert_eq!(got, n as f64, "Prometheus' iscsi_commands_total for {} {dir}", d[i]);
         }
     }
-    let scrapes = server.one("count_over_time(up{job=\"iscstat\"}[15m])");
-    let up_min = server.one("min_over_time(up{job=\"iscstat\"}[15m])");
-    let slowest = server.one("max_over_time(scrape_duration_seconds{job=\"iscstat\"}[15m])");
-    println!("prometheus: {scrapes} scrapes, min(up) {up_min}, slowest scrape {slowest:.3} s");
+    let w = watched.elapsed().as_secs().saturating_sub(1);
+    let scrapes = server.one(&format!("count_over_time(up{{job=\"iscstat\"}}[{w}s])"));
+    let up_min = server.one(&format!("min_over_time(up{{job=\"iscstat\"}}[{w}s])"));
+    let slowest = server.one(&format!("max_over_time(scrape_duration_seconds{{job=\"iscstat\"}}[{w}s])"));
+    println!("prometheus: {scrapes} scrapes in the last {w} s, min(up) {up_min}, slowest scrape {slowest:.3} s");
     assert!(scrapes >= 5.0 && up_min == 1.0, "every scrape must succeed: {scrapes} scrapes, min(up) {up_min}");
     assert_eq!(server.one("iscsi_tracer_up"), 1.0);
     assert_eq!(server.one("sum(iscsi_tracer_lost_commands_total)"), 0.0);

@@ -97,7 +97,8 @@ fn run(args: Args) -> Result<()> {
     // Prometheus series are always per LUN and direction; the rows shown
     // are merged back to what -L/-D ask for.
     let prom = args.prom_file.is_some() || exporter.is_some();
-    let values = [("PER_LUN", (args.per_lun || prom).into()), ("PER_DIR", (args.per_dir || prom).into()), ("PROM", prom.into())];
+    let fine = args.percentiles || args.histograms;
+    let values = [("PER_LUN", (args.per_lun || prom).into()), ("PER_DIR", (args.per_dir || prom).into()), ("PROM", prom.into()), ("FINE_HIST", fine.into())];
     let Some(t) = stages::start("iscstat", &args.common, &args.filters, templates::ISCSTAT, &values)? else { return Ok(()) };
     stats::check_maps(&t.bpf)?;
     let mut collector = Collector::new()?;
@@ -133,7 +134,7 @@ fn run(args: Args) -> Result<()> {
             match &exporter {
                 Some(x) => {
                     if let Some(scrape) = x.next(wait) {
-                        take(collector.collect(&t.bpf)?, &mut topo, &mut tally)?;
+                        take(collector.collect(&t.bpf, false)?, &mut topo, &mut tally)?;
                         let _ = scrape.reply.send(tally.render());
                     }
                 }
@@ -142,7 +143,7 @@ fn run(args: Args) -> Result<()> {
         }
         let elapsed = last.elapsed().as_secs_f64();
         last = Instant::now();
-        take(collector.collect(&t.bpf)?, &mut topo, &mut tally)?;
+        take(collector.collect(&t.bpf, fine)?, &mut topo, &mut tally)?;
         if let (Some(path), Some(e)) = (&args.prom_file, &tally.exposition) {
             e.write(path)?;
         }

@@ -208,10 +208,12 @@ pub fn start(tool: &str, args: &[&str]) -> Traced {
 }
 
 /// Start several tools at once and wait for all: their compilations
-/// (tens of seconds each under emulation) overlap on the two vCPUs.
+/// (a minute or more each under emulation) overlap on the two vCPUs, so
+/// each may take up to half as long again per other tool compiling.
 pub fn start_together(tools: &[(&str, &[&str])]) -> Vec<Traced> {
     let starting: Vec<Starting> = tools.iter().map(|(t, a)| spawn(t, a, &[])).collect();
-    starting.into_iter().map(Starting::ready).collect()
+    let limit = Duration::from_secs(300 * tools.len().div_ceil(2).max(1) as u64);
+    starting.into_iter().map(|s| s.ready_within(limit)).collect()
 }
 
 /// A tool started but maybe still compiling: start several, then wait for
@@ -259,9 +261,15 @@ pub fn spawn(tool: &str, args: &[&str], env: &[(&str, &str)]) -> Starting {
 }
 
 impl Starting {
-    pub fn ready(mut self) -> Traced {
+    pub fn ready(self) -> Traced {
+        self.ready_within(Duration::from_secs(300))
+    }
+
+    /// Wait for the Tracing line at most `limit` (compiling under
+    /// emulation: tens of seconds alone, longer when others compile too).
+    pub fn ready_within(mut self, limit: Duration) -> Traced {
         let (tool, args) = (&self.tool, &self.args);
-        let deadline = Instant::now() + Duration::from_secs(300);
+        let deadline = Instant::now() + limit;
         loop {
             if self.ready.recv_timeout(Duration::from_millis(200)).is_ok() {
                 break;
@@ -269,7 +277,7 @@ impl Starting {
             if let Ok(Some(st)) = self.child.try_wait() {
                 panic!("{tool} {args:?} exited with {st} before tracing: {}", self.stderr.lock().unwrap());
             }
-            assert!(Instant::now() < deadline, "{tool} did not start tracing in 300 s: {}", self.stderr.lock().unwrap());
+            assert!(Instant::now() < deadline, "{tool} did not start tracing in {} s: {}", limit.as_secs(), self.stderr.lock().unwrap());
         }
         Traced { name: self.tool, child: self.child, stdout: self.stdout, stderr: self.stderr, started: Instant::now() }
     }
