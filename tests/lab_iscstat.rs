@@ -105,6 +105,8 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     quiet_disks(&lab);
     let d = &lab.disks;
     const EXPORTER: &str = "127.0.0.1:9464";
+    // The kernel counts each BPF program's runs: the exporter shows them.
+    sh("sysctl -q -w kernel.bpf_stats_enabled=1");
     let server = Prometheus::start(EXPORTER, 9090);
     let prom_dir = tempfile::tempdir().expect("temporary directory");
     let prom = prom_dir.path().join("iscstat-test.prom");
@@ -145,6 +147,15 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     assert_eq!(server.one("iscsi_tracer_up"), 1.0);
     assert_eq!(server.one("sum(iscsi_tracer_lost_commands_total)"), 0.0, "commands the tracer did not count");
     let skipped = server.one("iscsi_tracer_skipped_probe_hits_total");
+    // One run of the completion program per completed task (fio's, plus
+    // NOP-Outs and udev's): at least fio's count, and time spent in it.
+    assert_eq!(server.one("iscsi_tracer_bpf_stats_enabled"), 1.0);
+    let runs = server.one("sum(iscsi_tracer_bpf_runs_total{program=~\"(fentry|stages)_complete\"})");
+    let run_s = server.one("sum(iscsi_tracer_bpf_run_seconds_total)");
+    let ios: u64 = f.values().map(|x| x.ios()).sum();
+    println!("prometheus: completion program ran {runs} times for {ios} fio I/Os; the tracer's programs ran {:.3} s in all", run_s);
+    assert!(runs >= ios as f64 && runs <= ios as f64 * 1.2 + 100.0, "completion program runs {runs} for {ios} I/Os");
+    assert!(run_s > 0.0);
     // A scrape of our own, checked by promtool.
     let (code, metrics) = http_get(EXPORTER, "/metrics");
     assert_eq!(code, 200);
@@ -158,6 +169,7 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     }).collect();
     drop(idle);
     let (all, t2, lat) = (all.stop(), t2.stop(), lat.stop());
+    sh("sysctl -q -w kernel.bpf_stats_enabled=0");
     let key = |i: usize| {
         let (s, l) = topo.disk(&d[i]).unwrap();
         (s.sid as u64, l.lun)
