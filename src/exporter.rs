@@ -74,8 +74,12 @@ impl Exporter {
 fn respond(req: tiny_http::Request, main: &SyncSender<Scrape>) {
     use tiny_http::{Header, Method, Response};
     let text = |body: String, code: u16| {
-        let h = Header::from_bytes("Content-Type", if code == 200 { CONTENT_TYPE } else { "text/plain; charset=utf-8" }).expect("static header");
-        Response::from_string(body).with_status_code(code).with_header(h)
+        let r = Response::from_string(body).with_status_code(code);
+        // The header texts are constants tiny_http accepts: never a panic.
+        match Header::from_bytes("Content-Type", if code == 200 { CONTENT_TYPE } else { "text/plain; charset=utf-8" }) {
+            Ok(h) => r.with_header(h),
+            Err(()) => r,
+        }
     };
     let path = req.url().split('?').next().unwrap_or("").to_string();
     let get = matches!(req.method(), Method::Get | Method::Head);

@@ -58,9 +58,7 @@ impl Filters {
             regex("--initiator", i)?;
         }
         if let Some(d) = &self.disk {
-            if d.is_empty() || d.len() > 32 || !d.chars().all(|c| c.is_ascii_alphanumeric()) {
-                return Err(Error::usage(format!("--disk '{d}': not a block device name (e.g. sda)")));
-            }
+            crate::blockdev::validate_disk_name("--disk", d)?;
         }
         Ok(())
     }
