@@ -1,6 +1,22 @@
-/* common.h: what every storprototrace program starts with. */
+/* common.h: what every storprototrace program starts with.
+ * BTF_TYPES (defined before this text by src/kernel_types.rs): the kernel
+ * types the program reads are written from the running kernel's BTF,
+ * instead of compiling the kernel's headers. pt_regs is what kprobe
+ * handlers read.
+ * @struct pt_regs *
+ */
+#ifndef BTF_TYPES
+#define BTF_TYPES 0
+#endif
+#if BTF_TYPES
+#define TASK_COMM_LEN 16
+/* include/linux/kdev_t.h: the kernel's own dev_t encoding */
+#define MINORBITS 20
+#define MKDEV(ma, mi) (((ma) << MINORBITS) | (mi))
+#else
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
+#endif
 
 /* Events go through the BPF ring buffer where the kernel has one (5.8+),
  * else through a perf buffer. A failed submit is counted, never silent. */

@@ -1,8 +1,15 @@
 /* iscfreeze.c: request-queue freezes and quiesces, who started them, how
  * long the queue stayed frozen/quiesced, and the submitters that waited. */
+/* Kernel types read (from BTF or the headers, as in common.h):
+ * @struct request_queue disk? backing_dev_info? mq_freeze_depth quiesce_depth?
+ * @struct gendisk major first_minor disk_name
+ * @struct backing_dev_info? dev_name
+ */
+#if !BTF_TYPES
 #include <linux/blkdev.h>
 #include <linux/backing-dev-defs.h>
 #include <linux/kdev_t.h>
+#endif
 
 #define MIN_NS ({{MIN_US}} * 1000ULL)
 #define FILTER_SET {{FILTER_SET}}

@@ -18,11 +18,27 @@
  * recorded as 0, shown by every tool as '-', and RESP = t_done - t_prep.
  * A command that ends any other way (abort, session recovery, never sent)
  * is dropped from the map and counted, never timed. */
+/* The kernel types read here. With BTF_TYPES, src/kernel_types.rs writes
+ * just these from the running kernel's BTF (much faster to compile);
+ * else the headers below are compiled.
+ * @struct Scsi_Host host_no
+ * @struct scsi_cmnd device sc_data_direction sdb.length cmnd result SCp.ptr?
+ * @struct scsi_device channel id lun
+ * @struct iscsi_cmd? task
+ * @struct iscsi_task sc conn state
+ * @struct iscsi_conn cls_conn session
+ * @struct iscsi_cls_conn cid
+ * @struct iscsi_session cls_session
+ * @struct iscsi_cls_session sid
+ * @enum DMA_FROM_DEVICE DMA_TO_DEVICE ISCSI_TASK_COMPLETED ISCSI_TASK_PENDING
+ */
+#if !BTF_TYPES
 #include <scsi/scsi_cmnd.h>
 #include <scsi/scsi_device.h>
 #include <scsi/scsi_host.h>
 #include <scsi/libiscsi.h>
 #include <scsi/scsi_transport_iscsi.h>
+#endif
 
 #define FILTER_HOST {{FILTER_HOST}}
 #define FILTER_DEV {{FILTER_DEV}}

@@ -1,8 +1,15 @@
 /* submitslower.c: bio submissions (submit_bio_noacct / generic_make_request)
  * of MIN_US or more, timed per thread from entry to return. */
+/* Kernel types read (from BTF or the headers, as in common.h):
+ * @struct bio bi_bdev? bi_disk? bi_partno?
+ * @struct block_device bd_dev bd_disk
+ * @struct gendisk major first_minor
+ */
+#if !BTF_TYPES
 #include <linux/blk_types.h>
 #include <linux/blkdev.h>
 #include <linux/kdev_t.h>
+#endif
 
 #define MIN_NS ({{MIN_US}} * 1000ULL)
 #define FILTER_PID {{FILTER_PID}}

@@ -16,6 +16,48 @@ pub struct Btf {
     last_id: u32,
     /// Each FUNC's name and id, in id order.
     funcs: Vec<(Vec<u8>, u32)>,
+    /// The type section, and where each of this blob's records starts in it.
+    types: Vec<u8>,
+    starts: Vec<u32>,
+}
+
+pub const KIND_INT: u32 = 1;
+pub const KIND_PTR: u32 = 2;
+pub const KIND_ARRAY: u32 = 3;
+pub const KIND_STRUCT: u32 = 4;
+pub const KIND_UNION: u32 = 5;
+pub const KIND_ENUM: u32 = 6;
+pub const KIND_ENUM64: u32 = 19;
+
+/// One type record, with its name resolved.
+#[derive(Debug, Clone, Copy)]
+pub struct Type<'a> {
+    pub kind: u32,
+    pub name: &'a [u8],
+    /// `size` for int, struct, union, enum; `type` for ptr, typedef, const ...
+    pub size_or_type: u32,
+    pub vlen: usize,
+    pub kind_flag: bool,
+    /// The bytes after `struct btf_type`.
+    pub extra: &'a [u8],
+}
+
+/// A struct or union member: name, type id, offset in bits, bitfield size
+/// (0 when not a bitfield, as far as the record says).
+#[derive(Debug, Clone, Copy)]
+pub struct Member<'a> {
+    pub name: &'a [u8],
+    pub type_id: u32,
+    pub bit_offset: u32,
+    pub bitfield_size: u32,
+}
+
+/// vmlinux's BTF, or a module's split BTF together with vmlinux's: type ids
+/// and string offsets of the module continue where vmlinux's end.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub base: &'a Btf,
+    pub split: Option<&'a Btf>,
 }
 
 fn u16_at(b: &[u8], off: usize) -> Option<u16> {
@@ -72,6 +114,7 @@ impl Btf {
         let strings = section(blob, hdr_len, field(16)?, field(20)?).ok_or("BTF string section outside the blob")?;
         let (first_id, base_strings) = base.map_or((1, &[][..]), |b| (b.last_id + 1, &b.strings[..]));
         let mut funcs = Vec::new();
+        let mut starts = Vec::new();
         let (mut off, mut id) = (0usize, first_id);
         while off < types.len() {
             let (Some(name_off), Some(info), Some(_)) = (u32_at(types, off), u32_at(types, off + 4), u32_at(types, off + 8)) else {
@@ -79,6 +122,7 @@ impl Btf {
             };
             let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
             let extra = extra_bytes(kind, vlen).ok_or_else(|| format!("unknown BTF kind {kind} at type id {id}"))?;
+            starts.push(off as u32);
             off += 12 + extra;
             if off > types.len() {
                 return Err(format!("type id {id} (kind {kind}) runs past the end of the type section"));
@@ -90,7 +134,12 @@ impl Btf {
             }
             id += 1;
         }
-        Ok(Btf { strings: strings.to_vec(), last_id: id - 1, funcs })
+        Ok(Btf { strings: strings.to_vec(), last_id: id - 1, funcs, types: types.to_vec(), starts })
+    }
+
+    /// Type ids held by this blob (not its base's).
+    fn first_id(&self) -> u32 {
+        self.last_id + 1 - self.starts.len() as u32
     }
 
     pub fn string_bytes(&self) -> u32 {
@@ -106,6 +155,120 @@ impl Btf {
     /// The id of function `name` (the first, if several have it).
     pub fn find_func(&self, name: &str) -> Option<u32> {
         self.funcs.iter().find(|(n, _)| n == name.as_bytes()).map(|&(_, id)| id)
+    }
+}
+
+/// vmlinux's BTF and modules' split BTF on top of it, each file read and
+/// parsed once (`/sys/kernel/btf/<name>`).
+pub struct Loaded {
+    root: std::path::PathBuf,
+    pub vmlinux: Btf,
+    modules: std::collections::HashMap<String, Btf>,
+}
+
+impl Loaded {
+    /// The error is a one-line reason.
+    pub fn open(root: &std::path::Path) -> Result<Loaded, String> {
+        let blob = std::fs::read(root.join("vmlinux")).map_err(|e| format!("no kernel BTF ({}/vmlinux: {e})", root.display()))?;
+        let vmlinux = Btf::parse(&blob, None).map_err(|e| format!("vmlinux BTF: {e}"))?;
+        Ok(Loaded { root: root.to_path_buf(), vmlinux, modules: Default::default() })
+    }
+
+    /// Module `m`'s BTF, read on first use.
+    pub fn module(&mut self, m: &str) -> Result<&Btf, String> {
+        if !self.modules.contains_key(m) {
+            let blob = std::fs::read(self.root.join(m)).map_err(|e| format!("module {m} has no BTF ({e})"))?;
+            let btf = Btf::parse(&blob, Some(&self.vmlinux)).map_err(|e| format!("BTF of module {m}: {e}"))?;
+            self.modules.insert(m.to_string(), btf);
+        }
+        Ok(&self.modules[m])
+    }
+
+    /// vmlinux, then each of `modules` that has BTF (one built into the
+    /// kernel has its types in vmlinux's), to look types up in.
+    pub fn views(&mut self, modules: &[&str]) -> Result<Vec<View<'_>>, String> {
+        let present: Vec<&str> = modules.iter().copied().filter(|m| self.modules.contains_key(*m) || self.root.join(m).exists()).collect();
+        for m in &present {
+            self.module(m)?;
+        }
+        let mut v = vec![View { base: &self.vmlinux, split: None }];
+        v.extend(present.iter().map(|m| View { base: &self.vmlinux, split: Some(&self.modules[*m]) }));
+        Ok(v)
+    }
+}
+
+impl<'a> View<'a> {
+    fn blob(&self, id: u32) -> Option<&'a Btf> {
+        match self.split {
+            Some(s) if id > self.base.last_id => Some(s),
+            _ if id >= 1 && id <= self.base.last_id => Some(self.base),
+            _ => None,
+        }
+    }
+
+    fn name(&self, off: u32, from_split: bool) -> &'a [u8] {
+        let off = off as usize;
+        match self.split {
+            Some(s) if from_split && off >= self.base.strings.len() => string(&s.strings, off - self.base.strings.len()),
+            _ => string(&self.base.strings, off),
+        }
+    }
+
+    /// Every type id of this view: the split blob's last, so its own types
+    /// are found after vmlinux's.
+    pub fn ids(&self) -> std::ops::RangeInclusive<u32> {
+        1..=self.split.unwrap_or(self.base).last_id
+    }
+
+    /// Type ids of the split blob alone (vmlinux's when there is none).
+    pub fn own_ids(&self) -> std::ops::RangeInclusive<u32> {
+        let b = self.split.unwrap_or(self.base);
+        b.first_id()..=b.last_id
+    }
+
+    pub fn get(&self, id: u32) -> Option<Type<'a>> {
+        let b = self.blob(id)?;
+        let start = *b.starts.get((id - b.first_id()) as usize)? as usize;
+        let (name_off, info, sot) = (u32_at(&b.types, start)?, u32_at(&b.types, start + 4)?, u32_at(&b.types, start + 8)?);
+        let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+        let extra = b.types.get(start + 12..start + 12 + extra_bytes(kind, vlen)?)?;
+        Some(Type { kind, name: self.name(name_off, !std::ptr::eq(b, self.base)), size_or_type: sot, vlen, kind_flag: info >> 31 == 1, extra })
+    }
+
+    /// The members of a struct or union type.
+    pub fn members(&self, id: u32) -> Vec<Member<'a>> {
+        let Some(t) = self.get(id) else { return Vec::new() };
+        if t.kind != KIND_STRUCT && t.kind != KIND_UNION {
+            return Vec::new();
+        }
+        let from_split = !std::ptr::eq(self.blob(id).unwrap_or(self.base), self.base);
+        (0..t.vlen)
+            .filter_map(|i| {
+                let (n, ty, off) = (u32_at(t.extra, i * 12)?, u32_at(t.extra, i * 12 + 4)?, u32_at(t.extra, i * 12 + 8)?);
+                let (bit_offset, bitfield_size) = if t.kind_flag { (off & 0xff_ffff, off >> 24) } else { (off, 0) };
+                Some(Member { name: self.name(n, from_split), type_id: ty, bit_offset, bitfield_size })
+            })
+            .collect()
+    }
+
+    /// The enumerators of an enum or enum64 type, with their values.
+    pub fn enumerators(&self, id: u32) -> Vec<(&'a [u8], i64)> {
+        let Some(t) = self.get(id) else { return Vec::new() };
+        let from_split = !std::ptr::eq(self.blob(id).unwrap_or(self.base), self.base);
+        let signed = t.kind_flag;
+        (0..t.vlen)
+            .filter_map(|i| match t.kind {
+                KIND_ENUM => {
+                    let (n, v) = (u32_at(t.extra, i * 8)?, u32_at(t.extra, i * 8 + 4)?);
+                    Some((self.name(n, from_split), if signed { v as i32 as i64 } else { v as i64 }))
+                }
+                KIND_ENUM64 => {
+                    let (n, lo, hi) = (u32_at(t.extra, i * 12)?, u32_at(t.extra, i * 12 + 4)?, u32_at(t.extra, i * 12 + 8)?);
+                    Some((self.name(n, from_split), ((hi as u64) << 32 | lo as u64) as i64))
+                }
+                _ => None,
+            })
+            .collect()
     }
 }
 

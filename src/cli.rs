@@ -9,6 +9,11 @@ use clap::{Args, Parser};
 /// Parse arguments; usage errors become one line (exit 2), --help and
 /// --version print and exit 0.
 pub fn parse<T: Parser>() -> Result<T> {
+    // A reader that goes away (`| head`) ends the tool quietly, as it ends
+    // a C tool, instead of a panic in println!.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     T::try_parse().map_err(|e| {
         use clap::error::ErrorKind;
         match e.kind() {

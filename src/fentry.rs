@@ -11,7 +11,7 @@
 //! completes another iSCSI command makes the kernel skip the completion's
 //! program, and that command is never counted (seen once in CI under netem).
 
-use crate::btf::Btf;
+use crate::btf::Loaded;
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -65,35 +65,34 @@ pub struct Target {
     obj: Option<std::sync::Arc<OwnedFd>>,
 }
 
-/// Resolves functions to BTF ids, reading and parsing each BTF file once.
+/// Resolves functions to BTF ids, reading and parsing each BTF file once
+/// (the same files the kernel types are written from, see `btf()`).
 pub struct Resolver {
-    root: std::path::PathBuf,
-    vmlinux: Btf,
-    modules: std::collections::HashMap<String, (Btf, std::sync::Arc<OwnedFd>)>,
+    btf: Loaded,
+    fds: std::collections::HashMap<String, std::sync::Arc<OwnedFd>>,
 }
 
 impl Resolver {
     pub fn new(root: &std::path::Path) -> Result<Resolver> {
-        let blob = std::fs::read(root.join("vmlinux")).map_err(|e| Error::env(format!("no kernel BTF ({}/vmlinux: {e})", root.display())))?;
-        let vmlinux = Btf::parse(&blob, None).map_err(|e| Error::env(format!("vmlinux BTF: {e}")))?;
-        Ok(Resolver { root: root.to_path_buf(), vmlinux, modules: Default::default() })
+        Ok(Resolver { btf: Loaded::open(root).map_err(Error::env)?, fds: Default::default() })
+    }
+
+    /// The BTF read so far, to write kernel types from.
+    pub fn btf(&mut self) -> &mut Loaded {
+        &mut self.btf
     }
 
     /// `module` is None for a function of vmlinux.
     pub fn target(&mut self, function: &str, module: Option<&str>) -> Result<Target> {
         let Some(m) = module else {
-            let btf_id = self.vmlinux.find_func(function).ok_or_else(|| Error::env(format!("{function} is not in the kernel's BTF")))?;
+            let btf_id = self.btf.vmlinux.find_func(function).ok_or_else(|| Error::env(format!("{function} is not in the kernel's BTF")))?;
             return Ok(Target { function: function.into(), btf_id, obj: None });
         };
-        if !self.modules.contains_key(m) {
-            let blob = std::fs::read(self.root.join(m)).map_err(|e| Error::env(format!("module {m} has no BTF ({e})")))?;
-            let btf = Btf::parse(&blob, Some(&self.vmlinux)).map_err(|e| Error::env(format!("BTF of module {m}: {e}")))?;
-            let fd = module_btf_fd(m)?;
-            self.modules.insert(m.to_string(), (btf, std::sync::Arc::new(fd)));
+        let btf_id = self.btf.module(m).map_err(Error::env)?.find_func(function).ok_or_else(|| Error::env(format!("{function} is not in the BTF of module {m}")))?;
+        if !self.fds.contains_key(m) {
+            self.fds.insert(m.to_string(), std::sync::Arc::new(module_btf_fd(m)?));
         }
-        let (btf, fd) = &self.modules[m];
-        let btf_id = btf.find_func(function).ok_or_else(|| Error::env(format!("{function} is not in the BTF of module {m}")))?;
-        Ok(Target { function: function.into(), btf_id, obj: Some(fd.clone()) })
+        Ok(Target { function: function.into(), btf_id, obj: Some(self.fds[m].clone()) })
     }
 }
 

@@ -20,6 +20,10 @@ pub const FREEZE_END: &[&str] = &["blk_mq_unfreeze_queue", "__blk_mq_unfreeze_qu
 pub const QUIESCE_BEGIN: &[&str] = &["blk_mq_quiesce_queue", "blk_mq_quiesce_queue_nowait"];
 pub const QUIESCE_END: &[&str] = &["blk_mq_unquiesce_queue"];
 
+/// The template parts of iscfreeze's program (what `render` renders, and
+/// where the kernel types it reads are listed).
+pub const PARTS: &[&str] = &[templates::COMMON, templates::ISCFREEZE];
+
 /// The probes iscfreeze attaches on this kernel, and what it cannot see.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FreezePlan {
@@ -78,7 +82,7 @@ impl FreezePlan {
             ("QUEUE_DISK", self.layout.queue_disk.into()),
             ("QUIESCE_DEPTH", self.layout.quiesce_depth.into()),
         ];
-        Template::new(&[templates::COMMON, templates::ISCFREEZE]).render(&values)
+        Template::new(PARTS).render(&values)
     }
 
     pub fn describe(&self, kernel: &Kernel) -> String {

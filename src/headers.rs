@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
+use crate::kernel_types::KernelTypes;
 use std::fs;
 use std::path::PathBuf;
 
@@ -87,6 +88,20 @@ impl ScsiLayout {
     }
 }
 
+impl ScsiLayout {
+    /// The same facts from the kernel types written from BTF.
+    pub fn from_types(t: &KernelTypes) -> Result<ScsiLayout> {
+        let task_lookup = if t.has("iscsi_cmd") {
+            TaskLookup::PrivateData
+        } else if t.has("scsi_cmnd.SCp.ptr") {
+            TaskLookup::ScsiPointer
+        } else {
+            return Err(Error::env("kernel BTF has neither struct iscsi_cmd nor scsi_cmnd.SCp"));
+        };
+        Ok(ScsiLayout { task_lookup, cdb_pointer: t.is_pointer("scsi_cmnd.cmnd") })
+    }
+}
+
 /// The block-layer facts iscfreeze.c and submitslower.c depend on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockLayout {
@@ -102,6 +117,23 @@ impl BlockLayout {
     /// What a current kernel (6.1+) has: for --ebpf without headers.
     pub fn modern() -> BlockLayout {
         BlockLayout { bio_bdev: true, queue_disk: true, quiesce_depth: true }
+    }
+
+    /// The kernel types of a program of template `parts` from BTF where
+    /// the kernel has it (Err: why not), and the layout they or else the
+    /// headers give.
+    pub fn choose(kernel: &Kernel, parts: &[&str]) -> (std::result::Result<KernelTypes, String>, Result<BlockLayout>) {
+        let types = crate::kernel_types::from_btf_dir(&kernel.btf_dir, parts, &[]);
+        let layout = match &types {
+            Ok(t) => Ok(BlockLayout::from_types(t)),
+            Err(_) => BlockLayout::from_headers(&header_dirs(kernel)),
+        };
+        (types, layout)
+    }
+
+    /// The same facts from the kernel types written from BTF.
+    pub fn from_types(t: &KernelTypes) -> BlockLayout {
+        BlockLayout { bio_bdev: t.has("bio.bi_bdev"), queue_disk: t.has("request_queue.disk"), quiesce_depth: t.has("request_queue.quiesce_depth") }
     }
 
     pub fn from_headers(dirs: &[PathBuf]) -> Result<BlockLayout> {

@@ -30,6 +30,7 @@ pub mod freeze;
 pub mod headers;
 pub mod json;
 pub mod kernel;
+pub mod kernel_types;
 pub mod ksyms;
 pub mod latency_view;
 pub mod layout;

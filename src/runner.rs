@@ -90,16 +90,17 @@ impl Links {
     }
 }
 
-pub fn attach(bpf: &mut BPF, probes: &[Probe]) -> Result<Links> {
+/// `resolver`: the BTF already read at start, if any (else read here when
+/// a probe is fentry/fexit).
+pub fn attach(bpf: &mut BPF, probes: &[Probe], resolver: &mut Option<crate::fentry::Resolver>) -> Result<Links> {
     let mut links = Links::default();
-    let mut resolver = None;
     for p in probes {
         let fail = |e: String| Error::env(format!("cannot attach {}: {e}", p.describe()));
         match p.kind {
             ProbeKind::Entry => Kprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
             ProbeKind::Return => Kretprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
             ProbeKind::Fentry | ProbeKind::Fexit => {
-                let resolver = match &mut resolver {
+                let resolver = match resolver {
                     Some(r) => r,
                     None => resolver.insert(crate::fentry::Resolver::new(std::path::Path::new(crate::kernel::BTF_DIR))?),
                 };

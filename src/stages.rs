@@ -7,7 +7,9 @@
 use crate::cli::Common;
 use crate::error::{Error, Result};
 use crate::filters::{Filters, KernelFilter};
+use crate::fentry::Resolver;
 use crate::headers::{self, ScsiLayout};
+use crate::kernel_types::{self, KernelTypes};
 use crate::kernel::Kernel;
 use crate::runner::{Links, Probe, ProbeKind};
 use crate::templates::{self, Template, Value};
@@ -29,10 +31,14 @@ pub struct StagePlan {
     /// R2Ts can be counted.
     pub have_r2t: bool,
     pub scsi: ScsiLayout,
+    /// The kernel types written from BTF; None: the headers are compiled.
+    pub types: Option<KernelTypes>,
     /// fentry/fexit programs (else kprobes/kretprobes).
     pub fentry: bool,
     /// Why kprobes were chosen instead of fentry (said with -v).
     pub why_kprobes: Option<String>,
+    /// Why the headers are compiled instead of types from BTF (said with -v).
+    pub why_headers: Option<String>,
     /// One line each for what this kernel cannot give, said once at start.
     pub notes: Vec<String>,
 }
@@ -71,13 +77,13 @@ impl StagePlan {
         if !have_r2t {
             notes.push(format!("{R2T} is not traceable: R2T counts show '-'"));
         }
-        Ok(StagePlan { probes: kprobes(have_sent, have_r2t), have_sent, have_r2t, scsi, fentry: false, why_kprobes: None, notes })
+        Ok(StagePlan { probes: kprobes(have_sent, have_r2t), have_sent, have_r2t, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, notes })
     }
 
     /// The plan for a kernel that has every probe point (for --ebpf where
     /// the running kernel cannot be read).
     pub fn assume_all(scsi: ScsiLayout) -> StagePlan {
-        StagePlan { probes: kprobes(true, true), have_sent: true, have_r2t: true, scsi, fentry: false, why_kprobes: None, notes: Vec::new() }
+        StagePlan { probes: kprobes(true, true), have_sent: true, have_r2t: true, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, notes: Vec::new() }
     }
 
     pub fn values(&self) -> Vec<(&'static str, Value)> {
@@ -133,7 +139,7 @@ impl StagePlan {
     /// fentry where this kernel takes it for every stage function (checked
     /// by attaching an empty program, as libbpf-tools do), else kprobes.
     /// Needs root. Returns the plan and, for kprobes, why.
-    pub fn prefer_fentry(self, kernel: &Kernel) -> (StagePlan, Option<String>) {
+    pub fn prefer_fentry(self, kernel: &Kernel, resolver: &mut Option<Resolver>) -> (StagePlan, Option<String>) {
         if std::env::var_os("STORPROTOTRACE_KPROBES").is_some() {
             return (self, Some("STORPROTOTRACE_KPROBES is set".into()));
         }
@@ -141,9 +147,9 @@ impl StagePlan {
             return (self, Some(why));
         }
         let plan = self.with_fentry(kernel);
-        let mut resolver = match crate::fentry::Resolver::new(&kernel.btf_dir) {
-            Ok(r) => r,
-            Err(e) => return (self, Some(e.to_string())),
+        let resolver = match resolver {
+            Some(r) => r,
+            None => return (self, Some("no kernel BTF".into())),
         };
         for p in &plan.probes {
             match resolver.target(&p.function, p.module.as_deref()) {
@@ -159,10 +165,11 @@ impl StagePlan {
     pub fn announce(&self, tool: &str, kernel: &Kernel, verbose: bool) {
         if verbose {
             eprintln!(
-                "kernel {}: functions from {:?}, ring buffer: {}, task lookup: {:?}, CDB {}, {}",
+                "kernel {}: functions from {:?}, ring buffer: {}, {}, task lookup: {:?}, CDB {}, {}",
                 kernel.release,
                 kernel.source,
                 kernel.ringbuf,
+                if self.types.is_some() { "kernel types from BTF".to_string() } else { format!("kernel types from the headers ({})", self.why_headers.as_deref().unwrap_or("no BTF")) },
                 self.scsi.task_lookup,
                 if self.scsi.cdb_pointer { "via sc->cmnd pointer" } else { "in sc->cmnd[]" },
                 if self.fentry { "fentry/fexit".to_string() } else { format!("kprobes ({})", self.why_kprobes.as_deref().unwrap_or("fentry not tried")) }
@@ -184,7 +191,26 @@ pub fn render(tool_part: &str, plan: &StagePlan, filter: &KernelFilter, ringbuf:
     values.extend(plan.values());
     values.extend(filter.values());
     values.extend_from_slice(tool_values);
-    Template::new(&[templates::COMMON, templates::ISCSI_STAGES, tool_part]).render(&values)
+    let text = Template::new(&parts(tool_part)).render(&values)?;
+    Ok(kernel_types::program(plan.types.as_ref(), &text))
+}
+
+/// The template parts of a stage tool's program.
+pub fn parts(tool_part: &str) -> [&str; 3] {
+    [templates::COMMON, templates::ISCSI_STAGES, tool_part]
+}
+
+/// The kernel types from BTF and the SCSI layout they give, else the
+/// layout from the headers (and why, in `why_headers`).
+fn layout(kernel: &Kernel, btf: Option<&mut crate::btf::Loaded>, tool_part: &str) -> Result<(ScsiLayout, Option<KernelTypes>, Option<String>)> {
+    let types = match btf {
+        Some(b) => kernel_types::from_btf(b, &parts(tool_part), kernel_types::ISCSI_MODULES),
+        None => Err("no kernel BTF".to_string()),
+    };
+    match types {
+        Ok(t) => Ok((ScsiLayout::from_types(&t)?, Some(t), None)),
+        Err(why) => Ok((ScsiLayout::from_headers(&headers::header_dirs(kernel))?, None, Some(why))),
+    }
 }
 
 /// A stage tool, compiled, attached and tracing.
@@ -227,7 +253,7 @@ pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, to
     let kernel = Kernel::detect();
     let topo = Topology::read(std::path::Path::new("/sys"))?;
     if common.ebpf {
-        let (plan, filter) = plan_for_ebpf(&kernel, &topo, filters)?;
+        let (plan, filter) = plan_for_ebpf(&kernel, &topo, filters, tool_part)?;
         let ringbuf = kernel.ringbuf || kernel.function_count() == 0;
         println!("{}", render(tool_part, &plan, &filter, ringbuf, tool_values)?);
         return Ok(None);
@@ -240,22 +266,25 @@ pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, to
         return Err(Error::no_sessions());
     }
     let filter = filters.resolve(&topo)?;
-    let plan = StagePlan::choose(&kernel, ScsiLayout::from_headers(&headers::header_dirs(&kernel))?)?;
-    let (mut plan, why_kprobes) = plan.prefer_fentry(&kernel);
+    // vmlinux's and the modules' BTF, read once for the types and fentry.
+    let mut resolver = if kernel.btf { Resolver::new(&kernel.btf_dir).ok() } else { None };
+    let (scsi, types, why_headers) = layout(&kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
+    let plan = StagePlan { types, why_headers, ..StagePlan::choose(&kernel, scsi)? };
+    let (mut plan, why_kprobes) = plan.prefer_fentry(&kernel, &mut resolver);
     plan.why_kprobes = why_kprobes;
     plan.announce(tool, &kernel, common.verbose);
 
-    let load = |plan: &StagePlan| -> Result<(bcc::BPF, Result<Links>)> {
+    let mut load = |plan: &StagePlan| -> Result<(bcc::BPF, Result<Links>)> {
         let mut bpf = crate::runner::compile(&kernel, &render(tool_part, plan, &filter, kernel.ringbuf, tool_values)?)?;
         filter.load_sets(&bpf)?;
-        let links = crate::runner::attach(&mut bpf, &plan.probes);
+        let links = crate::runner::attach(&mut bpf, &plan.probes, &mut resolver);
         Ok((bpf, links))
     };
     let (mut bpf, mut links) = load(&plan)?;
     if let (Err(e), true) = (&links, plan.fentry) {
         eprintln!("{tool}: note: {e}; using kprobes instead");
         drop(bpf);
-        plan = StagePlan { why_kprobes: Some(e.to_string()), ..StagePlan::choose(&kernel, plan.scsi)? };
+        plan = StagePlan { why_kprobes: Some(e.to_string()), types: plan.types.clone(), why_headers: plan.why_headers.clone(), ..StagePlan::choose(&kernel, plan.scsi)? };
         (bpf, links) = load(&plan)?;
     }
     let links = links?;
@@ -265,9 +294,11 @@ pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, to
 /// What `--ebpf` renders, with neither root nor iSCSI: the plan for the
 /// running kernel where it can be read, else for a kernel that has every
 /// probe point; filters resolved where sessions exist, else assumed.
-pub fn plan_for_ebpf(kernel: &Kernel, topo: &Topology, filters: &Filters) -> Result<(StagePlan, KernelFilter)> {
-    let scsi = ScsiLayout::from_headers(&headers::header_dirs(kernel)).unwrap_or_else(|_| ScsiLayout::modern());
+pub fn plan_for_ebpf(kernel: &Kernel, topo: &Topology, filters: &Filters, tool_part: &str) -> Result<(StagePlan, KernelFilter)> {
+    let mut btf = crate::btf::Loaded::open(&kernel.btf_dir).ok();
+    let (scsi, types, why_headers) = layout(kernel, btf.as_mut(), tool_part).unwrap_or_else(|_| (ScsiLayout::modern(), None, None));
     let plan = StagePlan::choose(kernel, scsi).unwrap_or_else(|_| StagePlan::assume_all(scsi));
+    let plan = StagePlan { types, why_headers, ..plan };
     let filter = if topo.sessions.is_empty() { filters.assume_sets() } else { filters.resolve(topo)? };
     let plan = if kernel.function_count() > 0 && plan.fentry_obstacle(kernel).is_none() { plan.with_fentry(kernel) } else { plan };
     Ok((plan, filter))

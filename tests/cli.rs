@@ -189,3 +189,17 @@ fn iscstat_listen_bad_input() {
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
     check(iscstat_as_nobody(&["--listen", &free]), 1, "must be run as root");
 }
+
+#[test]
+fn a_closed_pipe_ends_the_tool_quietly() {
+    use std::io::Read;
+    for tool in [env!("CARGO_BIN_EXE_isclatency"), env!("CARGO_BIN_EXE_iscfreeze")] {
+        let mut child = Command::new(tool).arg("--ebpf").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take()); // the reader is gone before the tool writes
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        let status = child.wait().unwrap();
+        assert!(!err.contains("panicked"), "{tool}: {err}");
+        assert!(status.success() || std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGPIPE), "{tool}: {status:?} {err}");
+    }
+}

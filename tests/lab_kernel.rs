@@ -38,6 +38,10 @@ fn every_tool_starts_and_reports_its_probe_points() {
             let module_btf = std::path::Path::new("/sys/kernel/btf/libiscsi").exists();
             assert_eq!(probes.iter().all(|p| p.starts_with("fentry:") || p.starts_with("fexit:")), module_btf, "{tool}: {probes:?}");
         }
+        // Kernel types come from BTF wherever the kernel has it for every
+        // type read: vmlinux for the block tools, the modules for the others.
+        let btf = std::path::Path::new(if ["isclatency", "iscstat"].contains(tool) { "/sys/kernel/btf/libiscsi" } else { "/sys/kernel/btf/vmlinux" }).exists();
+        assert_eq!(out.stderr.contains("kernel types from BTF"), btf, "{tool}: {}", out.stderr);
         let detail: Vec<&str> = out.stderr.lines().filter_map(|l| l.split_once(": ").filter(|(k, _)| k.starts_with("kernel ")).map(|(_, v)| v)).collect();
         let notes: Vec<&str> = out.stderr.lines().filter_map(|l| l.strip_prefix(&format!("{tool}: note: "))).collect();
         println!(
@@ -47,4 +51,56 @@ fn every_tool_starts_and_reports_its_probe_points() {
             if notes.is_empty() { "-".to_string() } else { notes.join("; ") }
         );
     }
+}
+
+/// The kernel types written from BTF against the kernel's own headers: one
+/// compile of every header the templates include, with every offset and
+/// size the BTF types assert; and the same layout choices both ways.
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn kernel_types_agree_with_the_headers() {
+    use storprototrace::headers::{self, BlockLayout, ScsiLayout};
+    use storprototrace::{btf::Loaded, kernel::Kernel, kernel_types, runner, stages, templates};
+    let _lab = lab();
+    let kernel = Kernel::detect();
+    let dirs = headers::header_dirs(&kernel);
+    let Ok(mut btf) = Loaded::open(&kernel.btf_dir) else {
+        println!("kernel {}: no BTF, the headers are compiled: nothing to compare", kernel.release);
+        return;
+    };
+    let stage_parts = [stages::parts(templates::ISCLATENCY).to_vec(), stages::parts(templates::ISCSTAT).to_vec()];
+    let block_parts = [storprototrace::freeze::PARTS.to_vec(), vec![templates::COMMON, templates::SUBMITSLOWER]];
+    let mut asserts = String::new();
+    let mut compared = Vec::new();
+    for parts in &stage_parts {
+        match kernel_types::from_btf(&mut btf, parts, kernel_types::ISCSI_MODULES) {
+            Ok(t) => {
+                assert_eq!(ScsiLayout::from_types(&t).unwrap(), ScsiLayout::from_headers(&dirs).unwrap());
+                asserts.push_str(&t.text);
+                compared.push("SCSI/iSCSI");
+            }
+            // Without module BTF (5.10) the types are not written: the headers are used.
+            Err(why) => assert!(!std::path::Path::new("/sys/kernel/btf/libiscsi").exists(), "module BTF present, yet: {why}"),
+        }
+    }
+    for parts in &block_parts {
+        let t = kernel_types::from_btf(&mut btf, parts, &[]).unwrap_or_else(|why| panic!("vmlinux BTF present, yet: {why}"));
+        assert_eq!(BlockLayout::from_types(&t), BlockLayout::from_headers(&dirs).unwrap());
+        asserts.push_str(&t.text);
+        compared.push("block");
+    }
+    // The headers every template includes, then only the assertions.
+    let mut includes: Vec<&str> = Vec::new();
+    for part in stage_parts.iter().chain(&block_parts).flatten() {
+        for l in part.lines().filter(|l| l.starts_with("#include")) {
+            if !includes.contains(&l) {
+                includes.push(l);
+            }
+        }
+    }
+    let checks: Vec<&str> = asserts.lines().filter(|l| l.starts_with("_Static_assert")).collect();
+    let text = format!("{}\n{}\nint kernel_types_check(void *ctx) {{ return 0; }}\n", includes.join("\n"), checks.join("\n"));
+    let t0 = std::time::Instant::now();
+    runner::compile(&kernel, &text).unwrap_or_else(|e| panic!("the headers disagree with BTF: {e}\n{text}"));
+    println!("kernel {}: {} offsets and sizes from BTF ({}) agree with the headers (compiled in {:.1} s)", kernel.release, checks.len(), compared.join(", "), t0.elapsed().as_secs_f64());
 }

@@ -10,7 +10,8 @@ use storprototrace::blockdev::{self, BlockDevs};
 use storprototrace::cli::{self, Common, Threshold};
 use storprototrace::events::FreezeEvent;
 use storprototrace::freeze::{self, DiskNamer, Ended, FreezePlan, Matcher, Total};
-use storprototrace::headers::{self, BlockLayout};
+use storprototrace::headers::BlockLayout;
+use storprototrace::kernel_types;
 use storprototrace::kernel::Kernel;
 use storprototrace::ksyms::{self, Ksyms};
 use storprototrace::maps::{self, Counter};
@@ -83,10 +84,11 @@ fn run(args: Args) -> Result<()> {
         if let Some(d) = &args.disk {
             BlockDevs::disk_dev(sys, "--disk", d)?;
         }
-        let layout = BlockLayout::from_headers(&headers::header_dirs(&kernel)).unwrap_or_else(|_| BlockLayout::modern());
+        let (types, layout) = BlockLayout::choose(&kernel, freeze::PARTS);
+        let layout = layout.unwrap_or_else(|_| BlockLayout::modern());
         let plan = FreezePlan::choose(&kernel, layout).unwrap_or(FreezePlan { probes: vec![], notes: vec![], layout, ringbuf: true });
         let ringbuf = kernel.ringbuf || kernel.function_count() == 0;
-        println!("{}", FreezePlan { ringbuf, ..plan }.render(min_us, !args.all_disks)?);
+        println!("{}", kernel_types::program(types.as_ref().ok(), &FreezePlan { ringbuf, ..plan }.render(min_us, !args.all_disks)?));
         return Ok(());
     }
 
@@ -101,9 +103,11 @@ fn run(args: Args) -> Result<()> {
         None if args.all_disks => None,
         None => Some(blockdev::iscsi_disk_devs(sys, "", "; try --all-disks")?),
     };
-    let plan = FreezePlan::choose(&kernel, BlockLayout::from_headers(&headers::header_dirs(&kernel))?)?;
+    let (types, layout) = BlockLayout::choose(&kernel, freeze::PARTS);
+    let layout = layout?;
+    let plan = FreezePlan::choose(&kernel, layout)?;
     if args.common.verbose {
-        eprintln!("{}", plan.describe(&kernel));
+        eprintln!("{}, {}", plan.describe(&kernel), kernel_types::describe(&types));
         for p in &plan.probes {
             eprintln!("probe {}", p.describe());
         }
@@ -111,14 +115,14 @@ fn run(args: Args) -> Result<()> {
     for n in &plan.notes {
         eprintln!("iscfreeze: note: {n}");
     }
-    let mut bpf = runner::compile(&kernel, &plan.render(min_us, wanted.is_some())?)?;
+    let mut bpf = runner::compile(&kernel, &kernel_types::program(types.as_ref().ok(), &plan.render(min_us, wanted.is_some())?))?;
     maps::check_sizes(bpf.table("totals")?, "totals", Total::KEY_SIZE, Total::SIZE)?;
     if let Some(w) = &wanted {
         let mut set = bpf.table("disks")?;
         let devs: Vec<u32> = w.iter().map(|(_, d)| *d).collect();
         maps::fill_set(&mut set, &devs, |d: u32| d.to_ne_bytes().to_vec())?;
     }
-    let _links = runner::attach(&mut bpf, &plan.probes)?;
+    let _links = runner::attach(&mut bpf, &plan.probes, &mut None)?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
     let mut view = View {

@@ -7,7 +7,11 @@ use std::path::Path;
 use storprototrace::blockdev::{self, BlockDevs};
 use storprototrace::cli::{self, Common, Threshold};
 use storprototrace::events::Submission;
-use storprototrace::headers::{self, BlockLayout};
+use storprototrace::headers::BlockLayout;
+use storprototrace::kernel_types;
+
+/// The template parts of the program (`render`).
+const PARTS: &[&str] = &[templates::COMMON, templates::SUBMITSLOWER];
 use storprototrace::kernel::Kernel;
 use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out, Unit};
@@ -76,7 +80,7 @@ fn render(plan: &Plan, args: &Args, min_us: u64, dev: Option<u32>) -> Result<Str
         ("FILTER_SET", args.iscsi.into()),
         ("BIO_BDEV", plan.layout.bio_bdev.into()),
     ];
-    Template::new(&[templates::COMMON, templates::SUBMITSLOWER]).render(&values)
+    Template::new(PARTS).render(&values)
 }
 
 fn run(args: Args) -> Result<()> {
@@ -93,9 +97,10 @@ fn run(args: Args) -> Result<()> {
             Some(d) => Some(BlockDevs::disk_dev(sys, "--disk", d)?),
             None => None,
         };
-        let layout = BlockLayout::from_headers(&headers::header_dirs(&kernel)).unwrap_or_else(|_| BlockLayout::modern());
+        let (types, layout) = BlockLayout::choose(&kernel, PARTS);
+        let layout = layout.unwrap_or_else(|_| BlockLayout::modern());
         let plan = Plan { layout, ringbuf: kernel.ringbuf || kernel.function_count() == 0 };
-        println!("{}", render(&plan, &args, min_us, dev)?);
+        println!("{}", kernel_types::program(types.as_ref().ok(), &render(&plan, &args, min_us, dev)?));
         return Ok(());
     }
 
@@ -107,13 +112,18 @@ fn run(args: Args) -> Result<()> {
     runner::preflight(&kernel, args.iscsi)?;
     let iscsi_devs: Vec<u32> = if args.iscsi { blockdev::iscsi_disk_devs(sys, "--iscsi: ", "")?.into_iter().map(|(_, d)| d).collect() } else { Vec::new() };
     let function = kernel.first_of(SUBMIT).ok_or_else(|| Error::missing_probe("bio submission", SUBMIT))?;
-    let layout = BlockLayout::from_headers(&headers::header_dirs(&kernel))?;
+    let (types, layout) = BlockLayout::choose(&kernel, PARTS);
+    let layout = layout?;
     let plan = Plan { layout, ringbuf: kernel.ringbuf };
     let probes = [Probe::entry(function, "submit_entry"), Probe::ret(function, "submit_return")];
     if args.common.verbose {
         eprintln!(
-            "kernel {}: functions from {:?}, ring buffer: {}, bio disk via {}",
-            kernel.release, kernel.source, kernel.ringbuf, if layout.bio_bdev { "bio->bi_bdev" } else { "bio->bi_disk" }
+            "kernel {}: functions from {:?}, ring buffer: {}, bio disk via {}, {}",
+            kernel.release,
+            kernel.source,
+            kernel.ringbuf,
+            if layout.bio_bdev { "bio->bi_bdev" } else { "bio->bi_disk" },
+            kernel_types::describe(&types)
         );
         for p in &probes {
             eprintln!("probe {}", p.describe());
@@ -122,13 +132,13 @@ fn run(args: Args) -> Result<()> {
     if function != SUBMIT[0] {
         eprintln!("submitslower: note: this kernel has no {}, timing {function} instead", SUBMIT[0]);
     }
-    let text = render(&plan, &args, min_us, dev)?;
+    let text = kernel_types::program(types.as_ref().ok(), &render(&plan, &args, min_us, dev)?);
     let mut bpf = runner::compile(&kernel, &text)?;
     if args.iscsi {
         let mut set = bpf.table("disks")?;
         maps::fill_set(&mut set, &iscsi_devs, |d: u32| d.to_ne_bytes().to_vec())?;
     }
-    let _links = runner::attach(&mut bpf, &probes)?;
+    let _links = runner::attach(&mut bpf, &probes, &mut None)?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
     let clock = Clock::start();
