@@ -152,10 +152,15 @@ impl Events {
         Ok(Events { source, rx })
     }
 
-    /// Wait up to `timeout_ms` and return the records that arrived.
+    /// Wait up to `timeout_ms` and return the records that arrived. The
+    /// programs wake the ring buffer's reader only once a batch is waiting
+    /// (common.h), so after the wait whatever is there is drained.
     pub fn poll(&mut self, timeout_ms: i32) -> Vec<Vec<u8>> {
         match &mut self.source {
-            Source::Ring(r) => r.poll(timeout_ms),
+            Source::Ring(r) => {
+                r.poll(timeout_ms);
+                r.consume();
+            }
             Source::Perf(p) => p.poll(timeout_ms),
         }
         self.rx.try_iter().collect()
