@@ -23,7 +23,7 @@
 //! an error with its reason, and the caller compiles the headers instead.
 
 use crate::btf::{self, Loaded, View};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
 
 /// What a template reads, from its `@struct` and `@enum` lines.
@@ -164,8 +164,9 @@ impl KernelTypes {
         let mut out = String::from("/* Kernel types from the running kernel's BTF (src/kernel_types.rs). */\n#define BTF_TYPES 1\n");
         let mut asserts = String::new();
         let mut present = BTreeSet::new();
+        let index = Index::new(views);
         for s in &spec.structs {
-            let Some((view, id)) = find_struct(views, &s.name) else {
+            let Some(&(view, id)) = index.structs.get(s.name.as_bytes()) else {
                 if s.optional {
                     continue;
                 }
@@ -188,7 +189,7 @@ impl KernelTypes {
         if !spec.constants.is_empty() {
             out.push_str("enum {\n");
             for c in &spec.constants {
-                let v = find_constant(views, c).ok_or_else(|| format!("{c} is not in the kernel's BTF"))?;
+                let v = index.constants.get(c.as_bytes()).ok_or_else(|| format!("{c} is not in the kernel's BTF"))?;
                 writeln!(out, "    {c} = {v},").ok();
             }
             out.push_str("};\n");
@@ -198,25 +199,35 @@ impl KernelTypes {
     }
 }
 
-/// The first complete struct or union named `name`, and the view it is in.
-fn find_struct<'a>(views: &[View<'a>], name: &str) -> Option<(View<'a>, u32)> {
-    views.iter().find_map(|v| {
-        v.own_ids()
-            .find(|&id| v.get(id).is_some_and(|t| (t.kind == btf::KIND_STRUCT || t.kind == btf::KIND_UNION) && t.name == name.as_bytes() && (t.vlen > 0 || t.size_or_type > 0)))
-            .map(|id| (*v, id))
-    })
+/// Every complete struct or union and every enumerator of `views`, by
+/// name, the first one in view and id order winning: one walk of all types
+/// for a program, not one per struct and constant looked up.
+struct Index<'a> {
+    structs: HashMap<&'a [u8], (View<'a>, u32)>,
+    constants: HashMap<&'a [u8], i64>,
 }
 
-fn find_constant(views: &[View], name: &str) -> Option<i64> {
-    views.iter().find_map(|v| {
-        v.own_ids().find_map(|id| {
-            let t = v.get(id)?;
-            if t.kind != btf::KIND_ENUM && t.kind != btf::KIND_ENUM64 {
-                return None;
+impl<'a> Index<'a> {
+    fn new(views: &[View<'a>]) -> Index<'a> {
+        let mut ix = Index { structs: HashMap::new(), constants: HashMap::new() };
+        for v in views {
+            for id in v.own_ids() {
+                let Some(t) = v.get(id) else { continue };
+                match t.kind {
+                    btf::KIND_STRUCT | btf::KIND_UNION if !t.name.is_empty() && (t.vlen > 0 || t.size_or_type > 0) => {
+                        ix.structs.entry(t.name).or_insert((*v, id));
+                    }
+                    btf::KIND_ENUM | btf::KIND_ENUM64 => {
+                        for (n, val) in v.enumerators(id) {
+                            ix.constants.entry(n).or_insert(val);
+                        }
+                    }
+                    _ => {}
+                }
             }
-            v.enumerators(id).into_iter().find(|(n, _)| *n == name.as_bytes()).map(|(_, val)| val)
-        })
-    })
+        }
+        ix
+    }
 }
 
 /// Typedefs and qualifiers resolved away: the type a member really has.
