@@ -38,6 +38,7 @@ BPF_PERF_OUTPUT(events);
 #define CTR_END_NOT_SEEN 4       /* command memory reused while still in our map */
 #define CTR_FREEZE_UNFILTERED 5  /* iscfreeze: freezes of disks not traced */
 #define CTR_SUBMIT_TIMED 6       /* submitslower: submissions timed */
+#define CTR_NOT_SPLIT 7          /* command timed, RESP not split into NET/TARGET */
 #define CTR_SLOTS 8
 BPF_ARRAY(counters, u64, CTR_SLOTS);
 

@@ -7,6 +7,8 @@ struct event {
     u64 send;
     u64 resp;
     u64 total;
+    u64 net;
+    u64 target;
     u64 lun;
     u32 host;
     u32 channel;
@@ -16,9 +18,11 @@ struct event {
     u32 pid;
     u32 bytes;
     u32 r2t;
+    u32 retrans;
     s32 result;
     u8 dir;
     u8 opcode;
+    u8 split;
     char comm[TASK_COMM_LEN];
 };
 
@@ -33,6 +37,10 @@ static __always_inline void on_command_done(void *ctx,
     e.send = t->send;
     e.resp = t->resp;
     e.total = t->total;
+    e.net = t->net;
+    e.target = t->target;
+    e.retrans = t->retrans;
+    e.split = t->split;
     e.lun = f->lun;
     e.host = f->host;
     e.channel = f->channel;

@@ -6,6 +6,10 @@
  *   t_prep   entry of iscsi_prep_scsi_cmd_pdu  the xmit worker takes it, CmdSN given
  *   t_sent   return of iscsi_tcp_task_xmit==0  command PDU (+immediate and
  *                                              unsolicited data) handed to TCP
+ *   t_rx     return of iscsi_itt_to_ctask        the first PDU back for the task
+ *                                              (Data-In, R2T or SCSI Response)
+ *   t_dout   return of iscsi_tcp_task_xmit==0  the last Data-Out handed to TCP
+ *            after an R2T
  *   t_done   entry of iscsi_complete_task(COMPLETED) the response completes it
  *
  * With FENTRY the programs are fentry/fexit (src/fentry.rs loads them
@@ -17,7 +21,19 @@
  * Without HAVE_SENT (iscsi_tcp_task_xmit not traceable) SEND is unknown:
  * recorded as 0, shown by every tool as '-', and RESP = t_done - t_prep.
  * A command that ends any other way (abort, session recovery, never sent)
- * is dropped from the map and counted, never timed. */
+ * is dropped from the map and counted, never timed.
+ *
+ * RESP = NET + TARGET (HAVE_RX, iscsi_tcp only): NET is what the network
+ * takes: a round trip at the connection's floor RTT (TCP's windowed
+ * minimum, tcp_min_rtt) for each exchange with the target, plus the data
+ * transfer the initiator sees (first Data-In to the end for reads; R2T to
+ * the last Data-Out handed to TCP for writes); TARGET is the rest:
+ *   read / no R2T:  NET = min(rx - sent, RTT) + (done - rx)
+ *   write with R2T: NET = min(rx - sent, RTT) + (dout - rx) + min(done - dout, RTT)
+ * A command with no PDU back seen, or no socket (not iscsi_tcp), or no RTT
+ * sample yet, is not split (counted, shown as '-'). RETX: the socket's
+ * total_retrans at completion minus at PDU preparation: TCP segments
+ * retransmitted on the command's connection while it was in flight. */
 /* The kernel types read here. With BTF_TYPES, src/kernel_types.rs writes
  * just these from the running kernel's BTF (much faster to compile);
  * else the headers below are compiled.
@@ -26,10 +42,14 @@
  * @struct scsi_device channel id lun
  * @struct iscsi_cmd? task
  * @struct iscsi_task sc conn state
- * @struct iscsi_conn cls_conn session
+ * @struct iscsi_conn cls_conn session dd_data
  * @struct iscsi_cls_conn cid
  * @struct iscsi_session cls_session
- * @struct iscsi_cls_session sid
+ * @struct iscsi_cls_session sid transport
+ * @struct iscsi_transport name
+ * @struct iscsi_tcp_conn dd_data in.hdr
+ * @struct socket sk
+ * @struct tcp_sock total_retrans rtt_min
  * @enum DMA_FROM_DEVICE DMA_TO_DEVICE ISCSI_TASK_COMPLETED ISCSI_TASK_PENDING
  */
 #if !BTF_TYPES
@@ -38,6 +58,9 @@
 #include <scsi/scsi_host.h>
 #include <scsi/libiscsi.h>
 #include <scsi/scsi_transport_iscsi.h>
+#include <scsi/libiscsi_tcp.h>
+#include <linux/net.h>
+#include <linux/tcp.h>
 #endif
 
 #define FILTER_HOST {{FILTER_HOST}}
@@ -51,6 +74,7 @@
 /* 0: all, 1: reads only, 2: writes only */
 #define FILTER_DIR {{FILTER_DIR}}
 #define HAVE_SENT {{HAVE_SENT}}
+#define HAVE_RX {{HAVE_RX}}
 #define FENTRY {{FENTRY}}
 
 /* From a scsi_cmnd to its iscsi_task: sc->SCp.ptr before 5.18, the
@@ -66,10 +90,20 @@
 #define DIR_READ 1
 #define DIR_WRITE 2
 
+/* iSCSI opcodes of the PDUs that come back for a task (RFC 7143). */
+#define ISCSI_OP_SCSI_RSP 0x21
+#define ISCSI_OP_DATA_IN 0x25
+#define ISCSI_OP_R2T 0x31
+/* RETX of a command whose connection's socket could not be read. */
+#define RETX_UNKNOWN 0xffffffff
+
 struct inflight {
     u64 ts_queue;
     u64 ts_prep;
     u64 ts_sent;
+    u64 ts_rx;
+    u64 ts_dout;
+    u64 sk;
     u64 lun;
     u32 host;
     u32 channel;
@@ -79,8 +113,11 @@ struct inflight {
     u32 cid;
     u32 bytes;
     u32 r2t;
+    u32 rtt_us;
+    u32 retrans0;
     u8 dir;
     u8 opcode;
+    u8 rx_op;
     char comm[TASK_COMM_LEN];
 };
 
@@ -88,7 +125,11 @@ struct stage_times {
     u64 wait;
     u64 send;
     u64 resp;
+    u64 net;
+    u64 target;
     u64 total;
+    u32 retrans;   /* RETX_UNKNOWN: no socket */
+    u32 split;     /* NET and TARGET known */
 };
 
 BPF_HASH(inflight, u64, struct inflight, 16384);
@@ -188,6 +229,39 @@ static __always_inline int stage_queuecommand_done(u64 key, int ret)
     return 0;
 }
 
+/* The TCP socket behind an iscsi_tcp connection, else 0: conn->dd_data is
+ * the iscsi_tcp_conn, whose dd_data is the iscsi_sw_tcp_conn (not in the
+ * public headers), whose first member is `struct socket *sock` on every
+ * kernel from 5.10 to 7.3 (drivers/scsi/iscsi_tcp.h). Other transports
+ * (cxgbi, bnx2i, qedi) keep something else there: checked by name. */
+static __always_inline u64 conn_sock(struct iscsi_conn *conn, struct iscsi_cls_session *cls)
+{
+    char name[4] = {};
+    const char *n = cls->transport->name;
+    bpf_probe_read_kernel(&name, sizeof(name), n);
+    if (name[0] != 't' || name[1] != 'c' || name[2] != 'p' || name[3] != 0)
+        return 0;
+    struct iscsi_tcp_conn *tc = conn->dd_data;
+    void *sw = NULL;
+    struct socket *sock = NULL;
+    struct sock *sk = NULL;
+    bpf_probe_read_kernel(&sw, sizeof(sw), &tc->dd_data);
+    if (sw)
+        bpf_probe_read_kernel(&sock, sizeof(sock), sw);
+    if (!sock)
+        return 0;      /* released: the connection is going down */
+    bpf_probe_read_kernel(&sk, sizeof(sk), &sock->sk);
+    return (u64)sk;
+}
+
+/* The socket's own count of retransmitted segments (what ss -ti shows). */
+static __always_inline u32 sock_retrans(u64 sk)
+{
+    u32 r = 0;
+    bpf_probe_read_kernel(&r, sizeof(r), &((struct tcp_sock *)sk)->total_retrans);
+    return r;
+}
+
 static __always_inline int stage_prep(struct iscsi_task *task)
 {
     u64 key = (u64)task->sc;
@@ -202,7 +276,10 @@ static __always_inline int stage_prep(struct iscsi_task *task)
         return 0;
     }
     f->cid = cid;
-    f->sid = task->conn->session->cls_session->sid;
+    struct iscsi_cls_session *cls = task->conn->session->cls_session;
+    f->sid = cls->sid;
+    f->sk = conn_sock(task->conn, cls);
+    f->retrans0 = f->sk ? sock_retrans(f->sk) : 0;
     f->ts_prep = bpf_ktime_get_ns();
     return 0;
 }
@@ -212,8 +289,49 @@ static __always_inline int stage_xmit_done(u64 key, int ret)
     if (ret != 0)
         return 0;      /* not all sent yet (e.g. socket full): retried later */
     struct inflight *f = inflight.lookup(&key);
-    if (f && f->ts_prep && f->ts_sent == 0)
+    if (!f || f->ts_prep == 0)
+        return 0;
+    if (f->ts_sent == 0)
         f->ts_sent = bpf_ktime_get_ns();
+    else if (f->ts_rx)
+        f->ts_dout = bpf_ktime_get_ns();   /* Data-Out answering an R2T */
+    return 0;
+}
+
+/* The first PDU back for a task: its time, kind, and the connection's
+ * floor RTT at that moment. Later PDUs of the same task are ignored. */
+static __always_inline int stage_rx(struct iscsi_task *task)
+{
+    /* A return value: bcc does not turn its member reads into probe reads
+     * in a kretprobe, so they are explicit. */
+    u64 key = 0;
+    struct iscsi_conn *conn = NULL;
+    if (!task)
+        return 0;
+    bpf_probe_read_kernel(&key, sizeof(key), &task->sc);
+    if (!key)
+        return 0;      /* NOP-In, TMF, login */
+    struct inflight *f = inflight.lookup(&key);
+    if (!f || f->ts_prep == 0 || f->ts_rx || f->sk == 0)
+        return 0;
+    f->ts_rx = bpf_ktime_get_ns();
+    struct iscsi_tcp_conn *tc = NULL;
+    void *hdr = NULL;
+    u8 op = 0;
+    bpf_probe_read_kernel(&conn, sizeof(conn), &task->conn);
+    if (conn)
+        bpf_probe_read_kernel(&tc, sizeof(tc), &conn->dd_data);
+    if (tc)
+        bpf_probe_read_kernel(&hdr, sizeof(hdr), &tc->in.hdr);
+    if (hdr)
+        bpf_probe_read_kernel(&op, sizeof(op), hdr);   /* iscsi_hdr.opcode */
+    f->rx_op = op & 0x3f;
+    struct tcp_sock *tp = (struct tcp_sock *)f->sk;
+    /* rtt_min is a struct minmax { struct minmax_sample { u32 t, v; } s[3]; }:
+     * s[0].v, at +4, is tcp_min_rtt() (include/net/tcp.h); ~0 before any sample. */
+    u32 rtt = 0;
+    bpf_probe_read_kernel(&rtt, sizeof(rtt), (char *)&tp->rtt_min + 4);
+    f->rtt_us = rtt;
     return 0;
 }
 
@@ -266,6 +384,32 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
     t.send = sent - prep;
     t.resp = now - sent;
     t.total = now - f->ts_queue;
+    t.retrans = RETX_UNKNOWN;
+    if (f->sk) {
+        u32 r = sock_retrans(f->sk);
+        if (r >= f->retrans0)
+            t.retrans = r - f->retrans0;
+    }
+#if HAVE_RX
+    if (f->ts_rx && f->sk && f->rtt_us && f->rtt_us != 0xffffffff) {
+        u64 rtt = (u64)f->rtt_us * 1000;
+        u64 rx = f->ts_rx < sent ? sent : (f->ts_rx > now ? now : f->ts_rx);
+        u64 first = rx - sent;
+        u64 net = first < rtt ? first : rtt;
+        if (f->rx_op == ISCSI_OP_R2T) {
+            u64 dout = f->ts_dout < rx ? rx : (f->ts_dout > now ? now : f->ts_dout);
+            u64 last = now - dout;
+            net += (dout - rx) + (last < rtt ? last : rtt);
+        } else {
+            net += now - rx;
+        }
+        t.net = net;
+        t.target = t.resp - net;
+        t.split = 1;
+    } else {
+        count(CTR_NOT_SPLIT);
+    }
+#endif
     struct scsi_cmnd *sc = task->sc;
     on_command_done(ctx, f, &t, sc->result);
     inflight.delete(&key);
@@ -298,6 +442,12 @@ int fexit_xmit(u64 *ctx)
 int fentry_r2t(u64 *ctx)
 {
     return stage_r2t((struct iscsi_task *)ctx[0]);
+}
+
+/* iscsi_itt_to_ctask(conn, itt): ctx[2] is the task it returns. */
+int fexit_rx(u64 *ctx)
+{
+    return stage_rx((struct iscsi_task *)ctx[2]);
 }
 
 int fentry_complete(u64 *ctx)
@@ -350,6 +500,11 @@ int stages_xmit_ret(struct pt_regs *ctx)
 int stages_r2t(struct pt_regs *ctx, struct iscsi_task *task)
 {
     return stage_r2t(task);
+}
+
+int stages_rx_ret(struct pt_regs *ctx)
+{
+    return stage_rx((struct iscsi_task *)PT_REGS_RC(ctx));
 }
 
 int stages_complete(struct pt_regs *ctx, struct iscsi_task *task, int state)

@@ -21,8 +21,10 @@
 #define STAGE_WAIT 0
 #define STAGE_SEND 1
 #define STAGE_RESP 2
-#define STAGE_TOTAL 3
-#define STAGES 4
+#define STAGE_NET 3
+#define STAGE_TARGET 4
+#define STAGE_TOTAL 5
+#define STAGES 6
 
 struct row_key {
     u32 epoch;
@@ -37,6 +39,7 @@ struct row_key {
 struct row_val {
     u64 count;
     u64 bytes;
+    u64 split;     /* commands with NET and TARGET, of count */
     u64 sum[STAGES];
     u64 max[STAGES];
 };
@@ -47,7 +50,19 @@ struct hist_key {
     u32 bucket;
 };
 
+struct conn_key {
+    u32 sid;
+    u32 cid;
+};
+
+struct conn_tcp {
+    u64 sk;        /* the socket: a new one after relogin */
+    u32 first;     /* its total_retrans when we first timed a command on it */
+    u32 retrans;   /* its total_retrans at the latest completion */
+};
+
 BPF_ARRAY(epoch, u32, 2);
+BPF_HASH(conns, struct conn_key, struct conn_tcp, 1024);
 BPF_PERCPU_HASH(rows, struct row_key, struct row_val, 4096);
 BPF_HASH(hists, struct hist_key, u64, 65536);
 BPF_HASH(prom, struct hist_key, u64, 16384);
@@ -147,5 +162,35 @@ static __always_inline void on_command_done(void *ctx,
     add_stage(v, &hk, &fk, STAGE_SEND, t->send);  /* else unknown: no SEND statistics at all */
 #endif
     add_stage(v, &hk, &fk, STAGE_RESP, t->resp);
+    if (t->split) {
+        v->split += 1;
+        add_stage(v, &hk, &fk, STAGE_NET, t->net);
+        add_stage(v, &hk, &fk, STAGE_TARGET, t->target);
+    }
     add_stage(v, &hk, &fk, STAGE_TOTAL, t->total);
+    /* The socket's retransmit count as last seen, per connection, and as
+     * it was when the first command timed on that socket was prepared:
+     * user space reports its growth per interval (src/stats.rs
+     * Retransmits). A relogin brings a new socket: counted from its own. */
+    if (f->sk && t->retrans != RETX_UNKNOWN) {
+        struct conn_key ck = {};
+        ck.sid = f->sid;
+        ck.cid = f->cid;
+        u32 r = f->retrans0 + t->retrans;
+        struct conn_tcp *c = conns.lookup(&ck);
+        if (c && c->sk == f->sk) {
+            if (r > c->retrans)
+                c->retrans = r;
+        } else if (c) {
+            c->sk = f->sk;
+            c->first = f->retrans0;
+            c->retrans = r;
+        } else {
+            struct conn_tcp nc = {};
+            nc.sk = f->sk;
+            nc.first = f->retrans0;
+            nc.retrans = r;
+            conns.update(&ck, &nc);
+        }
+    }
 }

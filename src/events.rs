@@ -76,6 +76,9 @@ pub struct Command {
     pub send: u64,
     pub resp: u64,
     pub total: u64,
+    /// RESP's network and target shares (NET + TARGET = RESP), or None
+    /// where the command could not be split.
+    pub split: Option<(u64, u64)>,
     pub lun: u64,
     pub host: u32,
     pub channel: u32,
@@ -85,37 +88,51 @@ pub struct Command {
     pub pid: u32,
     pub bytes: u32,
     pub r2t: u32,
+    /// TCP segments retransmitted on the connection while in flight; None:
+    /// no TCP socket (not iscsi_tcp, or the connection was going down).
+    pub retrans: Option<u32>,
     pub result: i32,
     pub dir: Direction,
     pub opcode: u8,
     pub comm: String,
 }
 
+/// RETX_UNKNOWN of iscsi_stages.c.
+pub const RETX_UNKNOWN: u32 = u32::MAX;
+
 
 impl Command {
     /// sizeof(struct event) of isclatency.c (a test checks it).
-    pub const SIZE: usize = 104;
+    pub const SIZE: usize = 128;
 
     pub fn parse(data: &[u8]) -> Option<Command> {
         let mut r = Reader::new(data);
+        let (ts_queue, wait, send, resp, total) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let (net, target) = (r.u64()?, r.u64()?);
+        let (lun, host, channel, id, sid, cid, pid, bytes, r2t) = (r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+        let retrans = r.u32()?;
+        let result = r.i32()?;
+        let (dir, opcode, split) = (Direction::from_code(r.u8()?), r.u8()?, r.u8()?);
         Some(Command {
-            ts_queue: r.u64()?,
-            wait: r.u64()?,
-            send: r.u64()?,
-            resp: r.u64()?,
-            total: r.u64()?,
-            lun: r.u64()?,
-            host: r.u32()?,
-            channel: r.u32()?,
-            id: r.u32()?,
-            sid: r.u32()?,
-            cid: r.u32()?,
-            pid: r.u32()?,
-            bytes: r.u32()?,
-            r2t: r.u32()?,
-            result: r.i32()?,
-            dir: Direction::from_code(r.u8()?),
-            opcode: r.u8()?,
+            ts_queue,
+            wait,
+            send,
+            resp,
+            total,
+            split: (split != 0).then_some((net, target)),
+            lun,
+            host,
+            channel,
+            id,
+            sid,
+            cid,
+            pid,
+            bytes,
+            r2t,
+            retrans: (retrans != RETX_UNKNOWN).then_some(retrans),
+            result,
+            dir,
+            opcode,
             comm: r.cstr(16)?,
         })
     }
@@ -226,15 +243,19 @@ mod tests {
         let s = sample(templates::ISCLATENCY);
         assert_eq!(s.layout.size, Command::SIZE);
         let c = Command::parse(&s.bytes).unwrap();
-        let got = [c.ts_queue, c.wait, c.send, c.resp, c.total, c.lun, c.host as u64, c.channel as u64, c.id as u64, c.sid as u64, c.cid as u64, c.pid as u64, c.bytes as u64, c.r2t as u64, c.result as u64, c.opcode as u64];
-        let names = ["ts_queue", "wait", "send", "resp", "total", "lun", "host", "channel", "id", "sid", "cid", "pid", "bytes", "r2t", "result", "opcode"];
+        assert!(s.int("split", 0) != 0 && s.int("retrans", 0) != RETX_UNKNOWN as u64);
+        let (net, target) = c.split.unwrap();
+        let got = [c.ts_queue, c.wait, c.send, c.resp, c.total, net, target, c.lun, c.host as u64, c.channel as u64, c.id as u64, c.sid as u64, c.cid as u64, c.pid as u64, c.bytes as u64, c.r2t as u64, c.retrans.unwrap() as u64, c.result as u64, c.opcode as u64];
+        let names = ["ts_queue", "wait", "send", "resp", "total", "net", "target", "lun", "host", "channel", "id", "sid", "cid", "pid", "bytes", "r2t", "retrans", "result", "opcode"];
         for (g, n) in got.iter().zip(names) {
             assert_eq!(*g, s.int(n, 0), "field {n}");
         }
         assert_eq!(c.dir, Direction::from_code(s.int("dir", 0) as u8));
         assert_eq!(c.comm, s.string("comm"));
-        assert_eq!(s.layout.fields.len(), names.len() + 2, "every C field is decoded");
-        assert!(Command::parse(&s.bytes[..Command::SIZE - 3]).is_none());
+        assert_eq!(s.layout.fields.len(), names.len() + 3, "every C field is decoded");
+        assert!(templates::ISCSI_STAGES.contains(&format!("#define RETX_UNKNOWN {RETX_UNKNOWN:#x}\n")));
+        let end = s.layout.field("comm").offset + 16;
+        assert!(Command::parse(&s.bytes[..end - 1]).is_none());
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct LatencyView {
     pub have_sent: bool,
     /// R2Ts counted (else `-` / null).
     pub have_r2t: bool,
+    /// RESP split into NET and TARGET where the command allows it.
+    pub have_rx: bool,
     pub clock: Clock,
     pub topo: Topology,
     /// Where to read the topology again for a session that logged in later.
@@ -27,7 +29,7 @@ pub struct LatencyView {
 
 impl LatencyView {
     pub fn new(unit: Unit, timestamp: bool, extended: bool, plan: &StagePlan, clock: Clock, topo: Topology, sysfs: Option<PathBuf>) -> LatencyView {
-        LatencyView { unit, timestamp, extended, have_sent: plan.have_sent, have_r2t: plan.have_r2t, clock, topo, sysfs, topo_read_at: Instant::now() }
+        LatencyView { unit, timestamp, extended, have_sent: plan.have_sent, have_r2t: plan.have_r2t, have_rx: plan.have_rx, clock, topo, sysfs, topo_read_at: Instant::now() }
     }
 
     fn disk(&mut self, c: &Command) -> String {
@@ -55,12 +57,12 @@ impl LatencyView {
         let u = self.unit.label();
         let time = if self.timestamp { "TIME" } else { "TIME(s)" };
         let mut h = format!(
-            "{time:<14} {:<16} {:>7} {:>7} {:<6} {:>3} {} {:>7} {:>10} {:>10} {:>10} {:>10} {}",
+            "{time:<14} {:<16} {:>7} {:>7} {:<6} {:>3} {} {:>7} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>4} {}",
             "COMM", "PID", "SID:CID", "DISK", "LUN", "T", "BYTES",
-            format!("WAIT({u})"), format!("SEND({u})"), format!("RESP({u})"), format!("TOTAL({u})"), "RESULT"
+            format!("WAIT({u})"), format!("SEND({u})"), format!("RESP({u})"), format!("NET({u})"), format!("TARGET({u})"), format!("TOTAL({u})"), "RETX", "RESULT"
         );
         if self.extended {
-            h.push_str(&format!(" {:>3} {} {} {}", "R2T", "TARGET", "INITIATOR", "PORTAL"));
+            h.push_str(&format!(" {:>3} {} {} {}", "R2T", "TARGETNAME", "INITIATOR", "PORTAL"));
         }
         h
     }
@@ -68,11 +70,16 @@ impl LatencyView {
     pub fn row(&mut self, c: &Command) -> String {
         let u = self.unit;
         let send = if self.have_sent { u.fmt(c.send) } else { "-".into() };
+        let (net, target) = match self.split(c) {
+            Some((n, t)) => (u.fmt(n), u.fmt(t)),
+            None => ("-".into(), "-".into()),
+        };
+        let retx = c.retrans.map_or("-".into(), |r| r.to_string());
         let disk = self.disk(c);
         let mut line = format!(
-            "{:<14} {:<16} {:>7} {:>7} {:<6} {:>3} {} {:>7} {:>10} {:>10} {:>10} {:>10} {}",
+            "{:<14} {:<16} {:>7} {:>7} {:<6} {:>3} {} {:>7} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>4} {}",
             self.time(c), c.comm, c.pid, format!("{}:{}", c.sid, c.cid), disk, c.lun, c.dir.letter(), c.bytes,
-            u.fmt(c.wait), send, u.fmt(c.resp), u.fmt(c.total), c.result_text()
+            u.fmt(c.wait), send, u.fmt(c.resp), net, target, u.fmt(c.total), retx, c.result_text()
         );
         if self.extended {
             let (target, initiator, portal) = match self.topo.session(c.sid) {
@@ -83,6 +90,12 @@ impl LatencyView {
             line.push_str(&format!(" {r2t:>3} {target} {initiator} {portal}"));
         }
         line
+    }
+
+    /// NET and TARGET where known: never more than RESP (the C side
+    /// guarantees it; a record that says otherwise is shown as unknown).
+    fn split(&self, c: &Command) -> Option<(u64, u64)> {
+        c.split.filter(|(n, t)| self.have_rx && n.checked_add(*t) == Some(c.resp))
     }
 
     pub fn json(&mut self, c: &Command) -> String {
@@ -103,7 +116,10 @@ impl LatencyView {
             .num("wait_ns", c.wait)
             .opt_num("send_ns", self.have_sent.then_some(c.send))
             .num("resp_ns", c.resp)
+            .opt_num("net_ns", self.split(c).map(|s| s.0))
+            .opt_num("target_ns", self.split(c).map(|s| s.1))
             .num("total_ns", c.total)
+            .opt_num("retrans", c.retrans)
             .opt_num("r2t", self.have_r2t.then_some(c.r2t))
             .num("result", c.result)
             .bool("ok", c.ok())
@@ -123,27 +139,37 @@ mod tests {
 
     fn view(have_sent: bool) -> LatencyView {
         let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
-        let plan = StagePlan { have_sent, have_r2t: have_sent, ..StagePlan::assume_all(ScsiLayout::modern()) };
+        let plan = StagePlan { have_sent, have_r2t: have_sent, have_rx: have_sent, ..StagePlan::assume_all(ScsiLayout::modern()) };
         LatencyView::new(Unit::Ms, false, true, &plan, Clock::start(), topo, None)
     }
 
     fn cmd(send: u64) -> Command {
-        Command { ts_queue: 0, wait: 1_000_000, send, resp: 5_000_000, total: 6_000_000 + send, lun: 0, host: 0, channel: 0, id: 0, sid: 1, cid: 0, pid: 7, bytes: 4096, r2t: 0, result: 0, dir: Direction::Read, opcode: 0x28, comm: "fio".into() }
+        Command { ts_queue: 0, wait: 1_000_000, send, resp: 5_000_000, total: 6_000_000 + send, split: Some((1_250_000, 3_750_000)), lun: 0, host: 0, channel: 0, id: 0, sid: 1, cid: 0, pid: 7, bytes: 4096, r2t: 0, retrans: Some(2), result: 0, dir: Direction::Read, opcode: 0x28, comm: "fio".into() }
     }
 
     #[test]
     fn send_known_and_unknown() {
         let mut v = view(true);
         let line = v.row(&cmd(2_000_000));
-        assert!(line.contains(" 1.000      2.000      5.000      8.000 ok"), "{line}");
+        assert!(line.contains(" 1.000      2.000      5.000      1.250       3.750      8.000    2 ok"), "{line}");
         let j: Vec<String> = v.json(&cmd(2_000_000)).split(',').map(String::from).collect();
         assert!(j.contains(&"\"send_ns\":2000000".to_string()) && j.contains(&"\"resp_ns\":5000000".to_string()), "{j:?}");
+        assert!(j.contains(&"\"net_ns\":1250000".to_string()) && j.contains(&"\"target_ns\":3750000".to_string()) && j.contains(&"\"retrans\":2".to_string()), "{j:?}");
+        // A command that could not be split, and one whose socket was gone.
+        let c = Command { split: None, retrans: None, ..cmd(2_000_000) };
+        let line = v.row(&c);
+        assert!(line.contains(" 5.000          -           -      8.000    - ok"), "{line}");
+        let j = v.json(&c);
+        assert!(j.contains("\"net_ns\":null,\"target_ns\":null") && j.contains("\"retrans\":null"), "{j}");
+        // A split that does not add up to RESP is never printed.
+        let bad = Command { split: Some((4_000_000, 4_000_000)), ..cmd(2_000_000) };
+        assert!(v.row(&bad).contains(" 5.000          -           -"));
 
         // Without iscsi_tcp_task_xmit the C side leaves SEND at 0 and RESP
         // counts from PDU preparation: SEND is unknown, never 0.000.
         let mut v = view(false);
         let line = v.row(&cmd(0));
-        assert!(line.contains(" 1.000          -      5.000      6.000 ok"), "{line}");
+        assert!(line.contains(" 1.000          -      5.000          -           -      6.000    2 ok"), "{line}");
         assert!(line.contains("   - iqn."), "R2T unknown too: {line}");
         let j = v.json(&cmd(0));
         assert!(j.contains("\"send_ns\":null") && j.contains("\"resp_ns\":5000000") && j.contains("\"r2t\":null"), "{j}");

@@ -25,10 +25,13 @@ pub enum Counter {
     FreezeUnfiltered = 5,
     /// submitslower: submissions timed (any length).
     SubmitTimed = 6,
+    /// Commands timed whose RESP could not be split into NET and TARGET
+    /// (no PDU back seen, not iscsi_tcp, no RTT sample yet).
+    NotSplit = 7,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 7] = [Counter::Lost, Counter::EndedNoResponse, Counter::DispatchBusy, Counter::InflightFull, Counter::EndNotSeen, Counter::FreezeUnfiltered, Counter::SubmitTimed];
+    pub const ALL: [Counter; 8] = [Counter::Lost, Counter::EndedNoResponse, Counter::DispatchBusy, Counter::InflightFull, Counter::EndNotSeen, Counter::FreezeUnfiltered, Counter::SubmitTimed, Counter::NotSplit];
 
     /// Why a command was not counted, for the exporter's label.
     pub fn reason(self) -> &'static str {
@@ -40,6 +43,7 @@ impl Counter {
             Counter::EndNotSeen => "end_not_seen",
             Counter::FreezeUnfiltered => "freeze_unfiltered",
             Counter::SubmitTimed => "submit_timed",
+            Counter::NotSplit => "resp_not_split",
         }
     }
 
@@ -53,6 +57,7 @@ impl Counter {
             Counter::EndNotSeen => "CTR_END_NOT_SEEN",
             Counter::FreezeUnfiltered => "CTR_FREEZE_UNFILTERED",
             Counter::SubmitTimed => "CTR_SUBMIT_TIMED",
+            Counter::NotSplit => "CTR_NOT_SPLIT",
         }
     }
 }

@@ -3,7 +3,9 @@
 //! temporary file and renamed over the target so readers never see half.
 
 use crate::error::{Error, Result};
-use crate::stats::{Row, RowKey, LE_BUCKETS, SEND};
+use crate::stats::{Conn, Retransmits, Row, RowKey, LE_BUCKETS, NET, SEND, TARGET};
+#[cfg(test)]
+use crate::stats::TOTAL;
 use crate::topology::Topology;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -14,7 +16,8 @@ pub const LE_NS: [u64; 16] = [
     100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000, 25_000_000, 50_000_000, 100_000_000,
     250_000_000, 500_000_000, 1_000_000_000, 2_500_000_000, 5_000_000_000, 10_000_000_000,
 ];
-pub const STAGE_LABELS: [&str; 4] = ["wait", "send", "resp", "total"];
+/// The `stage` label of each stage of src/stats.rs STAGES, in order.
+pub const STAGE_LABELS: [&str; crate::stats::NSTAGES] = ["wait", "send", "resp", "net", "target", "total"];
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Labels {
@@ -33,6 +36,11 @@ pub struct Exposition {
     pub series: BTreeMap<Labels, Row>,
     /// SEND can be told apart (else its series are left out: unknown).
     pub have_sent: bool,
+    /// RESP splits into NET and TARGET (else their series are left out).
+    pub have_rx: bool,
+    /// TCP segments retransmitted per connection since start, with the
+    /// connection's target.
+    pub retransmits: BTreeMap<Conn, (String, u64)>,
     /// The tracer's own health, when known.
     pub health: Option<Health>,
 }
@@ -85,12 +93,14 @@ impl Health {
 pub struct Tally {
     /// Rows since the last report.
     pub interval: BTreeMap<RowKey, Row>,
+    /// TCP retransmits per connection (read by the caller before `add`).
+    pub retrans: Retransmits,
     pub exposition: Option<Exposition>,
 }
 
 impl Tally {
     pub fn new(exposition: Option<Exposition>) -> Tally {
-        Tally { interval: BTreeMap::new(), exposition }
+        Tally { interval: BTreeMap::new(), retrans: Default::default(), exposition }
     }
 
     /// Add rows collected from the kernel, labelled from `topo` (read just
@@ -98,6 +108,7 @@ impl Tally {
     pub fn add(&mut self, rows: BTreeMap<RowKey, Row>, topo: &Topology, health: impl FnOnce() -> Health) {
         if let Some(e) = &mut self.exposition {
             e.add_rows(&rows, topo);
+            e.set_retransmits(&self.retrans.total, topo);
             e.keep_sessions(topo);
             e.health = Some(health());
         }
@@ -156,14 +167,24 @@ fn seconds(ns: u64) -> String {
 }
 
 impl Exposition {
-    pub fn new(have_sent: bool) -> Exposition {
-        Exposition { series: BTreeMap::new(), have_sent, health: None }
+    pub fn new(have_sent: bool, have_rx: bool) -> Exposition {
+        Exposition { series: BTreeMap::new(), have_sent, have_rx, retransmits: BTreeMap::new(), health: None }
+    }
+
+    /// The retransmits since start, labelled with the sessions as they are now.
+    pub fn set_retransmits(&mut self, total: &BTreeMap<Conn, u64>, topo: &Topology) {
+        for (c, n) in total {
+            if let Some(s) = topo.session(c.0) {
+                self.retransmits.insert(*c, (s.target.clone(), *n));
+            }
+        }
     }
 
     /// Drop the series of sessions that are gone (logged out): their
     /// counters stop; a session logged in again has series of its own.
     pub fn keep_sessions(&mut self, topo: &Topology) {
         self.series.retain(|l, _| topo.session(l.sid).map(|s| s.target == l.target).unwrap_or(false));
+        self.retransmits.retain(|c, (target, _)| topo.session(c.0).map(|s| &s.target == target).unwrap_or(false));
     }
 
     /// Add one interval's rows (per LUN and direction), labelled from the
@@ -200,7 +221,7 @@ impl Exposition {
         o.push_str("# HELP iscsi_command_stage_seconds Time of each stage of iSCSI commands: wait (queued in libiscsi), send (handed to TCP), resp (waiting for the target), total.\n# TYPE iscsi_command_stage_seconds histogram\n");
         for (l, s) in &self.series {
             for (i, stage) in STAGE_LABELS.iter().enumerate() {
-                if i == SEND && !self.have_sent {
+                if (i == SEND && !self.have_sent) || ((i == NET || i == TARGET) && !self.have_rx) {
                     continue;
                 }
                 let mut cum = 0;
@@ -213,6 +234,10 @@ impl Exposition {
                 o.push_str(&format!("iscsi_command_stage_seconds_sum{{{}}} {}\n", label_text(l, &format!(",stage=\"{stage}\"")), seconds(s.sum[i])));
                 o.push_str(&format!("iscsi_command_stage_seconds_count{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\""))));
             }
+        }
+        o.push_str("# HELP iscsi_tcp_retransmits_total TCP segments retransmitted on the iSCSI connection's socket (its total_retrans) since the tracer started.\n# TYPE iscsi_tcp_retransmits_total counter\n");
+        for ((sid, cid), (target, n)) in &self.retransmits {
+            o.push_str(&format!("iscsi_tcp_retransmits_total{{sid=\"{sid}\",cid=\"{cid}\",target=\"{}\"}} {n}\n", escape_label(target)));
         }
         if let Some(h) = &self.health {
             h.render(&mut o);
@@ -239,12 +264,13 @@ mod tests {
 
     #[test]
     fn renders_cumulative_buckets() {
-        let mut e = Exposition::new(true);
+        let mut e = Exposition::new(true, true);
         let mut s = Row { count: 3, bytes: 12288, ..Default::default() };
-        s.sum[3] = 1_500_000;
-        s.le[3][0] = 1; // <= 100us
-        s.le[3][3] = 1; // <= 1ms
-        s.le[3][16] = 1; // > 10s
+        s.sum[TOTAL] = 1_500_000;
+        s.le[TOTAL][0] = 1; // <= 100us
+        s.le[TOTAL][3] = 1; // <= 1ms
+        s.le[TOTAL][16] = 1; // > 10s
+        s.le[NET][1] = 1;
         let l = Labels { sid: 1, cid: 0, lun: 0, direction: "read", target: "iqn.x:\"t\"".into(), device: "sda".into() };
         e.series.insert(l, s);
         let t = e.render();
@@ -255,6 +281,9 @@ mod tests {
         assert!(t.contains(r#"stage="total",le="+Inf"} 3"#));
         assert!(t.contains(r#"iscsi_command_stage_seconds_sum{sid="1",cid="0",lun="0",direction="read",target="iqn.x:\"t\"",device="sda",stage="total"} 0.0015"#));
         assert!(t.contains(r#"iscsi_command_stage_seconds_count{sid="1",cid="0",lun="0",direction="read",target="iqn.x:\"t\"",device="sda",stage="wait"} 0"#));
+        assert!(t.contains(r#"device="sda",stage="net",le="0.00025"} 1"#) && t.contains(r#"device="sda",stage="target",le="+Inf"} 0"#), "{t}");
+        e.retransmits.insert((1, 0), ("iqn.x".into(), 4));
+        assert!(e.render().contains("# TYPE iscsi_tcp_retransmits_total counter\niscsi_tcp_retransmits_total{sid=\"1\",cid=\"0\",target=\"iqn.x\"} 4\n"));
     }
 
     #[test]
@@ -270,7 +299,7 @@ mod tests {
         let d = t.path();
         let p = d.join("iscsi.prom");
         check_writable(&p).unwrap();
-        Exposition::new(true).write(&p).unwrap();
+        Exposition::new(true, true).write(&p).unwrap();
         assert!(std::fs::read_to_string(&p).unwrap().contains("# TYPE iscsi_commands_total counter"));
         assert_eq!(std::fs::read_dir(d).unwrap().count(), 1, "no temporary file left");
         let e = check_writable(Path::new("/nonexistent-dir/x.prom")).unwrap_err();
@@ -279,7 +308,7 @@ mod tests {
     }
 
     fn odd_labels() -> Exposition {
-        let mut e = Exposition::new(false);
+        let mut e = Exposition::new(false, false);
         let l = Labels { sid: 1, cid: 0, lun: 0, direction: "read", target: "iqn.x:a\\b\"c\nd\te\u{e9}\u{1f4be}".into(), device: "sda".into() };
         e.series.insert(l, Row { count: 1, ..Default::default() });
         e
@@ -296,7 +325,7 @@ mod tests {
     #[test]
     fn unknown_send_has_no_series() {
         let t = odd_labels().render();
-        assert!(!t.contains("stage=\"send\""), "{t}");
+        assert!(!t.contains("stage=\"send\"") && !t.contains("stage=\"net\"") && !t.contains("stage=\"target\""), "{t}");
         assert!(t.contains("stage=\"resp\"") && t.contains("stage=\"wait\""));
     }
 
@@ -336,7 +365,7 @@ mod tests {
         let topo = Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
         let key = RowKey { sid: 2, cid: 0, host: topo.session(2).unwrap().host, lun: 1, dir: 2 };
         let rows = || BTreeMap::from([(key, Row { count: 3, bytes: 12288, ..Default::default() })]);
-        let mut t = Tally::new(Some(Exposition::new(true)));
+        let mut t = Tally::new(Some(Exposition::new(true, true)));
         t.add(rows(), &topo, Health::default);
         t.add(rows(), &topo, Health::default);
         assert_eq!(t.interval[&key].count, 6, "a scrape's rows still reach the next report");
@@ -352,7 +381,7 @@ mod tests {
     #[test]
     fn gone_sessions_lose_their_series() {
         let topo = Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
-        let mut e = Exposition::new(true);
+        let mut e = Exposition::new(true, true);
         let s1 = topo.session(1).unwrap();
         let key = RowKey { sid: 1, cid: 0, host: s1.host, lun: 0, dir: 1 };
         e.add_rows(&BTreeMap::from([(key, Row { count: 4, ..Default::default() })]), &topo);

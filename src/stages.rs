@@ -20,6 +20,8 @@ pub const PREP: &str = "iscsi_prep_scsi_cmd_pdu";
 pub const TCP_XMIT: &str = "iscsi_tcp_task_xmit";
 pub const COMPLETE: &str = "iscsi_complete_task";
 pub const R2T: &str = "iscsi_requeue_task";
+/// Returns the task each PDU from the target is for: the first PDU back.
+pub const RX: &str = "iscsi_itt_to_ctask";
 
 /// What the running kernel lets us measure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +32,9 @@ pub struct StagePlan {
     pub have_sent: bool,
     /// R2Ts can be counted.
     pub have_r2t: bool,
+    /// The first PDU back for a task is seen: RESP splits into NET and
+    /// TARGET (else both show `-`).
+    pub have_rx: bool,
     pub scsi: ScsiLayout,
     /// The kernel types written from BTF; None: the headers are compiled.
     pub types: Option<KernelTypes>,
@@ -44,7 +49,7 @@ pub struct StagePlan {
 }
 
 /// The kprobe plan: every stage function, and its handler.
-fn kprobes(have_sent: bool, have_r2t: bool) -> Vec<Probe> {
+fn kprobes(have_sent: bool, have_r2t: bool, have_rx: bool) -> Vec<Probe> {
     let mut probes = vec![
         Probe::entry(QUEUECOMMAND, "stages_queuecommand"),
         Probe::ret(QUEUECOMMAND, "stages_queuecommand_ret"),
@@ -57,6 +62,9 @@ fn kprobes(have_sent: bool, have_r2t: bool) -> Vec<Probe> {
     }
     if have_r2t {
         probes.push(Probe::entry(R2T, "stages_r2t"));
+    }
+    if have_rx {
+        probes.push(Probe::ret(RX, "stages_rx_ret"));
     }
     probes
 }
@@ -77,18 +85,23 @@ impl StagePlan {
         if !have_r2t {
             notes.push(format!("{R2T} is not traceable: R2T counts show '-'"));
         }
-        Ok(StagePlan { probes: kprobes(have_sent, have_r2t), have_sent, have_r2t, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, notes })
+        let have_rx = kernel.can_probe(RX);
+        if !have_rx {
+            notes.push(format!("{RX} is not traceable: NET and TARGET show '-'"));
+        }
+        Ok(StagePlan { probes: kprobes(have_sent, have_r2t, have_rx), have_sent, have_r2t, have_rx, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, notes })
     }
 
     /// The plan for a kernel that has every probe point (for --ebpf where
     /// the running kernel cannot be read).
     pub fn assume_all(scsi: ScsiLayout) -> StagePlan {
-        StagePlan { probes: kprobes(true, true), have_sent: true, have_r2t: true, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, notes: Vec::new() }
+        StagePlan { probes: kprobes(true, true, true), have_sent: true, have_r2t: true, have_rx: true, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, notes: Vec::new() }
     }
 
     pub fn values(&self) -> Vec<(&'static str, Value)> {
         vec![
             ("HAVE_SENT", self.have_sent.into()),
+            ("HAVE_RX", self.have_rx.into()),
             ("TASK_FROM_SC", Value::Ident(self.scsi.task_lookup.macro_name())),
             ("CDB_POINTER", self.scsi.cdb_pointer.into()),
             ("FENTRY", self.fentry.into()),
@@ -108,6 +121,7 @@ impl StagePlan {
                     "stages_prep" => (ProbeKind::Fentry, "fentry_prep"),
                     "stages_xmit_ret" => (ProbeKind::Fexit, "fexit_xmit"),
                     "stages_r2t" => (ProbeKind::Fentry, "fentry_r2t"),
+                    "stages_rx_ret" => (ProbeKind::Fexit, "fexit_rx"),
                     "stages_complete" => (ProbeKind::Fentry, "fentry_complete"),
                     _ => return None,
                 };
@@ -311,7 +325,7 @@ mod tests {
     use crate::kernel::Paths;
     use std::fs;
 
-    const ALL: &str = "iscsi_queuecommand [libiscsi]\niscsi_prep_scsi_cmd_pdu [libiscsi]\niscsi_complete_task [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\niscsi_requeue_task [libiscsi]\n";
+    const ALL: &str = "iscsi_queuecommand [libiscsi]\niscsi_prep_scsi_cmd_pdu [libiscsi]\niscsi_complete_task [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\niscsi_requeue_task [libiscsi]\niscsi_itt_to_ctask [libiscsi]\n";
     const OLD: ScsiLayout = ScsiLayout { task_lookup: TaskLookup::ScsiPointer, cdb_pointer: true };
 
     fn kernel_with(dir: &tempfile::TempDir, functions: &str) -> Kernel {
@@ -336,7 +350,7 @@ mod tests {
         let k = kernel_with(&t, ALL);
         let p = StagePlan::choose(&k, ScsiLayout::modern()).unwrap();
         assert!(p.have_sent && p.have_r2t && p.notes.is_empty());
-        assert_eq!(p.probes.len(), 7);
+        assert_eq!(p.probes.len(), 8);
         assert!(p.values().contains(&("TASK_FROM_SC", Value::Ident("SC_TASK_PRIV"))));
         assert!(p.values().contains(&("CDB_POINTER", Value::Bool(false))));
         assert_eq!(p, StagePlan::assume_all(ScsiLayout::modern()));
@@ -359,6 +373,7 @@ mod tests {
             "fentry:libiscsi:iscsi_complete_task -> fentry_complete",
             "fexit:libiscsi_tcp:iscsi_tcp_task_xmit -> fexit_xmit",
             "fentry:libiscsi:iscsi_requeue_task -> fentry_r2t",
+            "fexit:libiscsi:iscsi_itt_to_ctask -> fexit_rx",
         ]);
         assert!(!p.fentry && p.values().contains(&("FENTRY", Value::Bool(false))));
     }
@@ -368,8 +383,9 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let k = kernel_with(&t, "iscsi_queuecommand\niscsi_prep_scsi_cmd_pdu\niscsi_complete_task\n");
         let p = StagePlan::choose(&k, OLD).unwrap();
-        assert!(!p.have_sent && !p.have_r2t);
-        assert_eq!(p.notes.len(), 2);
+        assert!(!p.have_sent && !p.have_r2t && !p.have_rx);
+        assert_eq!(p.notes.len(), 3);
+        assert!(p.notes[2].contains("NET and TARGET show '-'"));
         assert!(p.notes[0].contains("SEND shows '-'"));
         assert_eq!(p.probes.len(), 4);
         assert!(p.values().contains(&("HAVE_SENT", Value::Bool(false))));
@@ -408,6 +424,7 @@ mod tests {
                                 let c = render(part, &plan, f, ringbuf, values).unwrap();
                                 assert!(!c.contains("{{"));
                                 assert!(c.contains(&format!("#define HAVE_SENT {}\n", have_sent as u8)));
+                                assert!(c.contains("#define HAVE_RX 1\n"));
                                 assert!(c.contains(&format!("#define FENTRY {}\n", plan.fentry as u8)));
                                 assert!(c.contains(&format!("#define CDB_POINTER {}\n", scsi.cdb_pointer as u8)));
                                 assert!(c.contains(&format!("#define SC_TASK_ADDR(sc) {}(sc)", scsi.task_lookup.macro_name())));

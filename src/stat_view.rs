@@ -4,7 +4,7 @@
 
 use crate::json;
 use crate::output::Unit;
-use crate::stats::{self, Row, RowKey, SEND, STAGES};
+use crate::stats::{self, Conn, Row, RowKey, NET, SEND, STAGES, TARGET};
 use crate::topology::Topology;
 use std::collections::BTreeMap;
 
@@ -21,15 +21,26 @@ pub struct StatView {
     /// SEND told apart from RESP: else SEND is `-` / null, and has no
     /// percentiles or histogram (the kernel keeps none).
     pub have_sent: bool,
+    /// RESP split into NET and TARGET (else both are `-` / null).
+    pub have_rx: bool,
 }
 
 impl StatView {
+    /// Whether the kernel gives this stage at all.
     fn stage_known(&self, i: usize) -> bool {
-        self.have_sent || i != SEND
+        (self.have_sent || i != SEND) && (self.have_rx || (i != NET && i != TARGET))
+    }
+
+    /// Whether a row has this stage: NET and TARGET only where some of its
+    /// commands were split.
+    fn row_has(&self, r: &Row, i: usize) -> bool {
+        self.stage_known(i) && r.count_of(i) > 0
     }
 
     /// The lines of one interval's report.
-    pub fn report(&self, topo: &Topology, rows: &BTreeMap<RowKey, Row>, secs: f64, stamp: &str, lost: u64) -> Vec<String> {
+    /// `retrans`: TCP segments retransmitted per connection in the interval.
+    pub fn report(&self, topo: &Topology, rows: &BTreeMap<RowKey, Row>, retrans: &BTreeMap<Conn, u64>, secs: f64, stamp: &str, lost: u64) -> Vec<String> {
+        let retx = |k: &RowKey| retrans.get(&(k.sid, k.cid)).copied().unwrap_or(0);
         let unit = self.unit;
         let label = |k: &RowKey| -> (String, String) {
             let s = topo.session(k.sid);
@@ -51,10 +62,13 @@ impl StatView {
                 if self.per_dir {
                     o = o.str("dir", stats::dir_name(k.dir, true));
                 }
-                o = o.str("disks", &disks).str("target", &target).num("count", r.count).num("bytes", r.bytes);
+                o = o.str("disks", &disks).str("target", &target).num("count", r.count).num("bytes", r.bytes).num("retrans", retx(k));
+                if self.have_rx {
+                    o = o.num("split", r.split);
+                }
                 for (i, st) in STAGES.iter().enumerate() {
                     let st = st.to_lowercase();
-                    let known = self.stage_known(i);
+                    let known = self.row_has(r, i);
                     o = o.opt_num(&format!("{st}_avg_ns"), known.then(|| r.avg(i))).opt_num(&format!("{st}_max_ns"), known.then_some(r.max[i]));
                     if self.percentiles {
                         for p in [50.0, 95.0, 99.0] {
@@ -79,7 +93,7 @@ impl StatView {
         for st in STAGES {
             h.push_str(&format!(" {:>9} {:>9}", format!("{st}avg"), format!("max({u})")));
         }
-        h.push_str(" TARGET");
+        h.push_str(&format!(" {:>5} TARGETNAME", "RETX"));
         lines.push(h);
         for (k, r) in rows {
             let (disks, target) = label(k);
@@ -92,13 +106,13 @@ impl StatView {
             }
             l.push_str(&format!(" {:>8.1} {:>9.1}", r.count as f64 / secs, r.bytes as f64 / 1024.0 / secs));
             for i in 0..STAGES.len() {
-                if self.stage_known(i) {
+                if self.row_has(r, i) {
                     l.push_str(&format!(" {:>9} {:>9}", unit.fmt(r.avg(i)), unit.fmt(r.max[i])));
                 } else {
                     l.push_str(&format!(" {:>9} {:>9}", "-", "-"));
                 }
             }
-            l.push_str(&format!(" {target}"));
+            l.push_str(&format!(" {:>5} {target}", retx(k)));
             if self.extended {
                 let s = topo.session(k.sid);
                 l.push_str(&format!(" {} {}", s.map(|s| s.initiator.as_str()).unwrap_or("?"), s.map(|s| s.portal()).unwrap_or_default()));
@@ -106,13 +120,13 @@ impl StatView {
             lines.push(l);
             if self.percentiles {
                 let mut p = String::from("        percentiles");
-                for (i, st) in STAGES.iter().enumerate().filter(|(i, _)| self.stage_known(*i)) {
+                for (i, st) in STAGES.iter().enumerate().filter(|(i, _)| self.row_has(r, *i)) {
                     p.push_str(&format!("  {st} p50/p95/p99/max {}/{}/{}/{}", unit.fmt(r.percentile(i, 50.0)), unit.fmt(r.percentile(i, 95.0)), unit.fmt(r.percentile(i, 99.0)), unit.fmt(r.max[i])));
                 }
                 lines.push(p);
             }
             if self.histograms {
-                for (i, st) in STAGES.iter().enumerate().filter(|(i, _)| self.stage_known(*i)) {
+                for (i, st) in STAGES.iter().enumerate().filter(|(i, _)| self.row_has(r, *i)) {
                     lines.push(format!("        {st} (us){:>22} : count", ""));
                     let h = r.log2_us(i);
                     let peak = h.iter().map(|x| x.2).max().unwrap_or(1).max(1);
@@ -136,8 +150,8 @@ mod tests {
     use std::path::Path;
 
     fn rows() -> BTreeMap<RowKey, Row> {
-        let mut r = Row { count: 2, bytes: 8192, ..Default::default() };
-        for i in 0..4 {
+        let mut r = Row { count: 2, bytes: 8192, split: 2, ..Default::default() };
+        for i in 0..STAGES.len() {
             r.sum[i] = 2_000 * (i as u64 + 1);
             r.max[i] = 1_500 * (i as u64 + 1);
             r.hist[i].insert(stats::fine_bucket(1_000 * (i as u64 + 1)), 2);
@@ -146,19 +160,41 @@ mod tests {
     }
 
     fn view(have_sent: bool, json: bool) -> StatView {
-        StatView { unit: Unit::Us, per_lun: false, per_dir: false, percentiles: true, histograms: true, extended: false, json, have_sent }
+        StatView { unit: Unit::Us, per_lun: false, per_dir: false, percentiles: true, histograms: true, extended: false, json, have_sent, have_rx: true }
+    }
+
+    fn retx() -> BTreeMap<Conn, u64> {
+        BTreeMap::from([((1, 0), 3)])
     }
 
     #[test]
     fn send_unknown_is_dashes_and_null_while_resp_is_shown() {
         let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
-        let text = view(false, false).report(&topo, &rows(), 2.0, "t", 0).join("\n");
-        assert!(text.contains("      1.0       1.5         -         -       3.0       4.5       4.0       6.0"), "{text}");
-        assert!(!text.contains("SEND p50") && !text.contains("SEND (us)") && text.contains("RESP p50"), "{text}");
-        let j = view(false, true).report(&topo, &rows(), 2.0, "t", 0).join("\n");
+        let text = view(false, false).report(&topo, &rows(), &retx(), 2.0, "t", 0).join("\n");
+        assert!(text.contains("      1.0       1.5         -         -       3.0       4.5       4.0       6.0       5.0       7.5       6.0       9.0     3 iqn."), "{text}");
+        assert!(!text.contains("SEND p50") && !text.contains("SEND (us)") && text.contains("RESP p50") && text.contains("TARGET p50"), "{text}");
+        let j = view(false, true).report(&topo, &rows(), &retx(), 2.0, "t", 0).join("\n");
         assert!(j.contains("\"send_avg_ns\":null") && j.contains("\"send_p99_ns\":null") && j.contains("\"resp_avg_ns\":3000"), "{j}");
-        assert!(j.contains("\"interval_s\":2.000"), "{j}");
-        let known = view(true, false).report(&topo, &rows(), 2.0, "t", 0).join("\n");
+        assert!(j.contains("\"interval_s\":2.000") && j.contains("\"retrans\":3") && j.contains("\"net_avg_ns\":4000") && j.contains("\"target_max_ns\":7500"), "{j}");
+        let known = view(true, false).report(&topo, &rows(), &retx(), 2.0, "t", 0).join("\n");
         assert!(known.contains("      1.0       1.5       2.0       3.0       3.0       4.5") && known.contains("SEND p50"), "{known}");
+    }
+
+    #[test]
+    fn a_row_without_split_commands_has_no_net_or_target() {
+        let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
+        let mut rows = rows();
+        for r in rows.values_mut() {
+            r.split = 0;
+            for i in [NET, TARGET] {
+                (r.sum[i], r.max[i]) = (0, 0);
+                r.hist[i].clear();
+            }
+        }
+        let text = view(true, false).report(&topo, &rows, &BTreeMap::new(), 2.0, "t", 0).join("\n");
+        assert!(text.contains("       3.0       4.5         -         -         -         -       6.0       9.0     0 iqn."), "{text}");
+        assert!(!text.contains("NET p50") && !text.contains("NET (us)"), "{text}");
+        let j = view(true, true).report(&topo, &rows, &BTreeMap::new(), 2.0, "t", 0).join("\n");
+        assert!(j.contains("\"net_avg_ns\":null") && j.contains("\"target_p50_ns\":null") && j.contains("\"split\":0"), "{j}");
     }
 }

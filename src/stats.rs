@@ -9,17 +9,23 @@ use crate::maps;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Stage numbers 0..3 of iscstat.c (STAGE_WAIT .. STAGE_TOTAL), in order.
-pub const STAGES: [&str; 4] = ["WAIT", "SEND", "RESP", "TOTAL"];
+/// Stage numbers of iscstat.c (STAGE_WAIT .. STAGE_TOTAL), in order.
+pub const STAGES: [&str; NSTAGES] = ["WAIT", "SEND", "RESP", "NET", "TARGET", "TOTAL"];
+pub const NSTAGES: usize = 6;
 pub const SEND: usize = 1;
+pub const NET: usize = 3;
+pub const TARGET: usize = 4;
+pub const TOTAL: usize = 5;
 /// Buckets of the Prometheus histogram: src/prom.rs LE_NS and +Inf.
 pub const LE_BUCKETS: usize = crate::prom::LE_NS.len() + 1;
 
 /// sizeof the C structs (tests check them against the template; the tool
 /// checks them against the loaded maps at start).
 pub const ROW_KEY_SIZE: usize = 32;
-pub const ROW_VAL_SIZE: usize = 80;
+pub const ROW_VAL_SIZE: usize = 120;
 pub const HIST_KEY_SIZE: usize = 40;
+pub const CONN_KEY_SIZE: usize = 8;
+pub const CONN_TCP_SIZE: usize = 16;
 
 /// Bounds [low, high) in ns of a fine bucket of bpf_templates/iscstat.c.
 pub fn bucket_bounds(b: u32) -> (u64, u64) {
@@ -55,12 +61,15 @@ pub struct RowKey {
 pub struct Row {
     pub count: u64,
     pub bytes: u64,
-    pub sum: [u64; 4],
-    pub max: [u64; 4],
+    /// Commands whose RESP was split into NET and TARGET (the count their
+    /// sums and histograms are of).
+    pub split: u64,
+    pub sum: [u64; NSTAGES],
+    pub max: [u64; NSTAGES],
     /// per stage: bucket -> count
-    pub hist: [BTreeMap<u32, u64>; 4],
+    pub hist: [BTreeMap<u32, u64>; NSTAGES],
     /// per stage: Prometheus bucket counts (src/prom.rs LE_NS, last = +Inf)
-    pub le: [[u64; LE_BUCKETS]; 4],
+    pub le: [[u64; LE_BUCKETS]; NSTAGES],
 }
 
 /// `struct row_key` bytes -> (epoch, key)
@@ -83,10 +92,11 @@ pub fn add_percpu_row(row: &mut Row, values: &[u8], ncpus: usize) {
         let mut r = Reader::new(chunk);
         row.count += r.u64().unwrap_or(0);
         row.bytes += r.u64().unwrap_or(0);
-        for i in 0..4 {
+        row.split += r.u64().unwrap_or(0);
+        for i in 0..NSTAGES {
             row.sum[i] += r.u64().unwrap_or(0);
         }
-        for i in 0..4 {
+        for i in 0..NSTAGES {
             row.max[i] = row.max[i].max(r.u64().unwrap_or(0));
         }
     }
@@ -104,7 +114,8 @@ impl Row {
     pub fn merge(&mut self, o: &Row) {
         self.count += o.count;
         self.bytes += o.bytes;
-        for i in 0..4 {
+        self.split += o.split;
+        for i in 0..NSTAGES {
             self.sum[i] += o.sum[i];
             self.max[i] = self.max[i].max(o.max[i]);
             for (b, n) in &o.hist[i] {
@@ -116,8 +127,13 @@ impl Row {
         }
     }
 
+    /// Commands a stage's statistics are of: NET and TARGET only those split.
+    pub fn count_of(&self, stage: usize) -> u64 {
+        if stage == NET || stage == TARGET { self.split } else { self.count }
+    }
+
     pub fn avg(&self, stage: usize) -> u64 {
-        self.sum[stage].checked_div(self.count).unwrap_or(0)
+        self.sum[stage].checked_div(self.count_of(stage)).unwrap_or(0)
     }
 
     /// The p-th percentile (0 < p <= 100) of a stage: the midpoint of the
@@ -182,7 +198,7 @@ pub fn regroup(rows: &BTreeMap<RowKey, Row>, per_lun: bool, per_dir: bool) -> BT
 /// Check that the loaded program's maps have the layouts this module
 /// decodes: a mismatch is an error, never garbage numbers.
 pub fn check_maps(bpf: &bcc::BPF) -> Result<()> {
-    for (name, key, value) in [("rows", ROW_KEY_SIZE, ROW_VAL_SIZE), ("hists", HIST_KEY_SIZE, 8), ("prom", HIST_KEY_SIZE, 8)] {
+    for (name, key, value) in [("rows", ROW_KEY_SIZE, ROW_VAL_SIZE), ("hists", HIST_KEY_SIZE, 8), ("prom", HIST_KEY_SIZE, 8), ("conns", CONN_KEY_SIZE, CONN_TCP_SIZE)] {
         maps::check_sizes(bpf.table(name)?, name, key, value)?;
     }
     Ok(())
@@ -257,6 +273,52 @@ impl Collector {
     }
 }
 
+/// A connection: (sid, cid).
+pub type Conn = (u32, u32);
+
+/// TCP segments retransmitted per connection, from the socket's own
+/// counter (total_retrans, what `ss -ti` shows) as iscstat.c's `conns` map
+/// last saw it: its growth since the previous reading, counted from the
+/// first command timed on each socket (a relogin brings a new socket).
+#[derive(Debug, Default)]
+pub struct Retransmits {
+    seen: BTreeMap<Conn, (u64, u32)>,
+    /// Since the last report.
+    pub interval: BTreeMap<Conn, u64>,
+    /// Since start.
+    pub total: BTreeMap<Conn, u64>,
+}
+
+/// `struct conn_key` and `struct conn_tcp` bytes -> (conn, sk, first, retrans)
+pub fn parse_conn(key: &[u8], val: &[u8]) -> Option<(Conn, u64, u32, u32)> {
+    let (mut k, mut v) = (Reader::new(key), Reader::new(val));
+    Some(((k.u32()?, k.u32()?), v.u64()?, v.u32()?, v.u32()?))
+}
+
+impl Retransmits {
+    /// One reading of a connection's socket.
+    pub fn add(&mut self, conn: Conn, sk: u64, first: u32, now: u32) {
+        let delta = match self.seen.get(&conn) {
+            Some(&(s, last)) if s == sk => now.saturating_sub(last),
+            _ => now.saturating_sub(first),
+        };
+        let last = self.seen.get(&conn).filter(|(s, _)| *s == sk).map_or(now, |(_, l)| now.max(*l));
+        self.seen.insert(conn, (sk, last));
+        *self.interval.entry(conn).or_default() += delta as u64;
+        *self.total.entry(conn).or_default() += delta as u64;
+    }
+
+    pub fn read(&mut self, bpf: &bcc::BPF) -> Result<()> {
+        let mut t = bpf.table("conns")?;
+        for (k, v) in maps::entries(&mut t, 1 << 12) {
+            if let Some((conn, sk, first, now)) = parse_conn(&k, &v) {
+                self.add(conn, sk, first, now);
+            }
+        }
+        Ok(())
+    }
+}
+
 pub fn dir_name(d: u32, split: bool) -> &'static str {
     if !split {
         return "*";
@@ -285,9 +347,9 @@ mod tests {
         let mut r = Row::default();
         for &v in stage_values {
             r.count += 1;
-            r.sum[3] += v;
-            r.max[3] = r.max[3].max(v);
-            *r.hist[3].entry(fine_bucket(v)).or_default() += 1;
+            r.sum[TOTAL] += v;
+            r.max[TOTAL] = r.max[TOTAL].max(v);
+            *r.hist[TOTAL].entry(fine_bucket(v)).or_default() += 1;
         }
         r
     }
@@ -297,18 +359,18 @@ mod tests {
         let mut vals = vec![1_000_000u64; 50];
         vals.extend(vec![1_300_000u64; 50]);
         let r = row_with(&vals);
-        let p50 = r.percentile(3, 50.0) as f64 / 1e6;
-        let p99 = r.percentile(3, 99.0) as f64 / 1e6;
+        let p50 = r.percentile(TOTAL, 50.0) as f64 / 1e6;
+        let p99 = r.percentile(TOTAL, 99.0) as f64 / 1e6;
         assert!((p50 - 1.0).abs() < 0.04, "p50 {p50}");
         assert!((p99 - 1.3).abs() < 0.04, "p99 {p99}");
-        assert_eq!(r.percentile(3, 100.0), 1_300_000);
-        assert_eq!(r.avg(3), 1_150_000);
+        assert_eq!(r.percentile(TOTAL, 100.0), 1_300_000);
+        assert_eq!(r.avg(TOTAL), 1_150_000);
     }
 
     #[test]
     fn log2_histogram_counts_everything() {
         let r = row_with(&[500, 1_500, 3_000, 3_500, 1_000_000]);
-        let h = r.log2_us(3);
+        let h = r.log2_us(TOTAL);
         assert_eq!(h.iter().map(|x| x.2).sum::<u64>(), 5);
         assert_eq!(h[0], (0, 1, 2), "500 ns and 1.5 us are in 0 -> 1: {h:?}");
         assert_eq!(h[1], (2, 3, 2), "{h:?}");
@@ -317,23 +379,24 @@ mod tests {
             assert_eq!(w[0].1 + 1, w[1].0, "slots are contiguous: {h:?}");
         }
         let r = row_with(&[40_000, 50_000]);
-        assert_eq!(r.log2_us(3)[0].0, 32, "leading empty slots are left out");
+        assert_eq!(r.log2_us(TOTAL)[0].0, 32, "leading empty slots are left out");
     }
 
     #[test]
     fn percpu_rows_sum_and_max() {
         let mut vals = Vec::new();
         for cpu in 0..2u64 {
-            for x in [3 + cpu, 4096, 10, 20, 30, 60, 5 + cpu, 6, 7, 8] {
+            for x in [3 + cpu, 4096, 2, 10, 20, 30, 1, 2, 60, 5 + cpu, 6, 7, 3, 4, 8] {
                 vals.extend_from_slice(&x.to_ne_bytes());
             }
         }
         let mut r = Row::default();
         add_percpu_row(&mut r, &vals, 2);
-        assert_eq!(r.count, 7);
-        assert_eq!(r.bytes, 8192);
-        assert_eq!(r.sum, [20, 40, 60, 120]);
-        assert_eq!(r.max, [6, 6, 7, 8]);
+        assert_eq!((r.count, r.bytes, r.split), (7, 8192, 4));
+        assert_eq!(r.sum, [20, 40, 60, 2, 4, 120]);
+        assert_eq!(r.max, [6, 6, 7, 3, 4, 8]);
+        // NET and TARGET averages are over the split commands only.
+        assert_eq!((r.avg(NET), r.avg(TARGET), r.avg(TOTAL)), (0, 1, 17));
     }
 
     #[test]
@@ -342,9 +405,9 @@ mod tests {
         let b = row_with(&[5_000_000]);
         a.merge(&b);
         assert_eq!(a.count, 3);
-        assert_eq!(a.max[3], 5_000_000);
-        assert_eq!(a.sum[3], 5_003_000);
-        assert_eq!(a.hist[3].values().sum::<u64>(), 3);
+        assert_eq!(a.max[TOTAL], 5_000_000);
+        assert_eq!(a.sum[TOTAL], 5_003_000);
+        assert_eq!(a.hist[TOTAL].values().sum::<u64>(), 3);
     }
 
     #[test]
@@ -359,8 +422,9 @@ mod tests {
         assert_eq!([epoch as u64, k.sid as u64, k.cid as u64, k.host as u64, k.lun, k.dir as u64], ["epoch", "sid", "cid", "host", "lun", "dir"].map(|n| key.int(n, 0)));
         let mut r = Row::default();
         add_percpu_row(&mut r, &val.bytes, 1);
-        assert_eq!((r.count, r.bytes), (val.int("count", 0), val.int("bytes", 0)));
-        for i in 0..4 {
+        assert_eq!((r.count, r.bytes, r.split), (val.int("count", 0), val.int("bytes", 0), val.int("split", 0)));
+        assert_eq!(val.layout.fields.len(), 5, "every field of row_val is decoded");
+        for i in 0..NSTAGES {
             assert_eq!((r.sum[i], r.max[i]), (val.int("sum", i), val.int("max", i)), "stage {i}");
         }
         // hist_key = row_key + stage + bucket: the row part is a row_key.
@@ -373,7 +437,32 @@ mod tests {
             assert!(ISCSTAT.contains(&format!("#define STAGE_{st} {i}\n")), "stage {st} is {i} in iscstat.c");
         }
         assert!(ISCSTAT.contains(&format!("#define STAGES {}\n", STAGES.len())));
-        assert_eq!(STAGES[SEND], "SEND");
+        assert_eq!((STAGES[SEND], STAGES[NET], STAGES[TARGET], STAGES[TOTAL]), ("SEND", "NET", "TARGET", "TOTAL"));
+    }
+
+    #[test]
+    fn conn_layouts_match_iscstat_c() {
+        use crate::layout::{self, Sample};
+        use crate::templates::ISCSTAT;
+        let key = Sample::new(layout::parse(ISCSTAT, "conn_key").unwrap());
+        let val = Sample::new(layout::parse(ISCSTAT, "conn_tcp").unwrap());
+        assert_eq!((key.layout.size, val.layout.size), (CONN_KEY_SIZE, CONN_TCP_SIZE));
+        let (conn, sk, first, retrans) = parse_conn(&key.bytes, &val.bytes).unwrap();
+        assert_eq!([conn.0 as u64, conn.1 as u64], ["sid", "cid"].map(|n| key.int(n, 0)));
+        assert_eq!([sk, first as u64, retrans as u64], ["sk", "first", "retrans"].map(|n| val.int(n, 0)));
+    }
+
+    #[test]
+    fn retransmits_grow_per_socket() {
+        let mut r = Retransmits::default();
+        r.add((1, 0), 0xa, 5, 7); // first reading: counted from the first command's 5
+        r.add((1, 0), 0xa, 5, 7); // no change
+        r.add((1, 0), 0xa, 5, 10);
+        assert_eq!(r.interval[&(1, 0)], 5);
+        r.interval.clear();
+        r.add((1, 0), 0xb, 0, 2); // relogin: a new socket, counted from its own start
+        r.add((2, 0), 0xc, 9, 9);
+        assert_eq!((r.interval[&(1, 0)], r.total[&(1, 0)], r.total[&(2, 0)]), (2, 7, 0));
     }
 
     #[test]
@@ -384,7 +473,7 @@ mod tests {
         rows.insert(k(1, 2), row_with(&[3_000, 5_000]));
         let all = regroup(&rows, false, false);
         assert_eq!(all.len(), 1);
-        assert_eq!((all[&k(0, 0)].count, all[&k(0, 0)].max[3]), (3, 5_000));
+        assert_eq!((all[&k(0, 0)].count, all[&k(0, 0)].max[TOTAL]), (3, 5_000));
         assert_eq!(regroup(&rows, true, false).len(), 2);
         assert_eq!(regroup(&rows, true, true), rows);
     }

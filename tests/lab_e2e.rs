@@ -277,3 +277,164 @@ fn isclatency_survives_connection_loss_and_relogin() {
     assert_eq!(out.summary("still in flight"), 0, "stale entries left in the in-flight map");
     assert!(out.summary("ended without a response") > 0, "the outage should have failed some commands");
 }
+
+/// Mean of `key` over commands, in ns.
+fn mean_of(cmds: &[&Value], key: &str) -> f64 {
+    cmds.iter().map(|c| c.u64(key) as f64).sum::<f64>() / cmds.len().max(1) as f64
+}
+
+/// The last `n` commands of session `sid` on `disk` in direction `dir` of
+/// `bytes` each (fio's, after the login's own scan commands).
+fn last_of<'a>(cmds: &'a [Value], sid: u64, disk: &str, dir: &str, bytes: u64, n: u64) -> Vec<&'a Value> {
+    let all: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("disk") == disk && c.str("dir") == dir && c.u64("bytes") == bytes).collect();
+    assert!(all.len() as u64 >= n, "{} of {n} {dir} commands of {bytes} bytes on session {sid} ({disk}) traced", all.len());
+    all[all.len() - n as usize..].to_vec()
+}
+
+/// (NET mean, TARGET mean) of fio's reads and writes of one phase, every
+/// command split with NET + TARGET = RESP.
+fn phase_split(what: &str, cmds: &[Value], sid: u64, disk: &str, f_read: &Fio, f_write: &Fio, write_bytes: u64) -> [(f64, f64); 2] {
+    let mut out = [(0.0, 0.0); 2];
+    for (i, (dir, bytes, n)) in [("R", 4096, f_read.reads), ("W", write_bytes, f_write.writes)].into_iter().enumerate() {
+        let c = last_of(cmds, sid, disk, dir, bytes, n);
+        for x in &c {
+            assert!(!x["net_ns"].is_null() && !x["target_ns"].is_null(), "{what}: a command was not split: {x}");
+            assert_eq!(x.u64("net_ns") + x.u64("target_ns"), x.u64("resp_ns"), "{what}: NET + TARGET != RESP: {x}");
+            if dir == "W" {
+                assert!(x.u64("r2t") >= 1, "{what}: a write of twice FirstBurstLength without an R2T: {x}");
+            }
+        }
+        out[i] = (mean_of(&c, "net_ns"), mean_of(&c, "target_ns"));
+        println!("{what}: {n} {dir} of {bytes} B: RESP mean {:.3} ms = NET {:.3} + TARGET {:.3} ms; fio clat mean {:.3} ms", mean_of(&c, "resp_ns") / 1e6, out[i].0 / 1e6, out[i].1 / 1e6, if dir == "R" { f_read.read_clat_mean_ns } else { f_write.write_clat_mean_ns } / 1e6);
+    }
+    out
+}
+
+/// The initiator's TCP sockets to the lab's portal: local port -> the
+/// socket's total_retrans, from `ss -ti` (the kernel's own count).
+fn iscsi_socket_retrans() -> BTreeMap<u16, u64> {
+    let text = sh("ss -tinH state established '( dport = :3260 )'");
+    let mut out = BTreeMap::new();
+    let mut port = None;
+    for l in text.lines() {
+        if !l.starts_with(char::is_whitespace) {
+            // Recv-Q Send-Q Local:Port Peer:Port
+            port = l.split_whitespace().nth(2).and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse::<u16>().ok());
+            if let Some(p) = port {
+                out.insert(p, 0);
+            }
+        } else if let Some(p) = port {
+            let total = l.split_whitespace().find_map(|w| w.strip_prefix("retrans:")).and_then(|r| r.split('/').nth(1)).and_then(|t| t.parse().ok()).unwrap_or(0);
+            out.insert(p, total);
+        }
+    }
+    out
+}
+
+/// RESP splits into NET and TARGET, each moved by its own knob: a netem
+/// delay on loopback (every round trip gains 2 x 5 ms) grows NET by one
+/// round trip for 4 KiB reads and two for writes of twice the session's
+/// FirstBurstLength (command and first burst -> R2T, Data-Out -> response)
+/// and leaves TARGET alone; then under 2% loss the
+/// retransmits counted per connection are the socket's own. One start of
+/// each tool for all of it. The delay is put on before a relogin: the
+/// floor RTT is TCP's minimum, which a connection that saw a faster
+/// network keeps (isclatency --help says so).
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn resp_splits_into_net_and_target_and_counts_retransmits() {
+    const D_MS: f64 = 5.0;
+    let lab = lab();
+    quiet_disks(&lab);
+    let target = lab.targets.last().unwrap().clone();
+    let relogin = || {
+        sh(&format!("iscsiadm -m node -T {target} -p 127.0.0.1 -u"));
+        sh(&format!("iscsiadm -m node -T {target} -p 127.0.0.1 -l"));
+        session_disk_after_login(&target)
+    };
+    let [lat, stat]: [Traced; 2] = start_together(&[("isclatency", &["-u", "0", "--json"]), ("iscstat", &["1", "-D", "--json"])]).try_into().ok().unwrap();
+    let topo = topology();
+    let s0 = topo.sessions.iter().find(|s| s.target == target).unwrap().clone();
+    let d0 = s0.luns[0].disk.clone().unwrap();
+    // Writes that need an R2T: more than the unsolicited first burst.
+    let param = |p: &str| sh(&format!("cat /sys/class/iscsi_session/session{}/{p}", s0.sid)).trim().to_string();
+    let first_burst: u64 = param("first_burst_len").parse().unwrap();
+    let wbytes = 2 * first_burst;
+    let wbs = format!("--bs={wbytes}");
+    println!("session {}: InitialR2T {}, ImmediateData {}, FirstBurstLength {first_burst}, MaxBurstLength {}: writes of {wbytes} B", s0.sid, param("initial_r2t"), param("immediate_data"), param("max_burst_len"));
+    let base = (fio(&d0, "randread", 200, 1, &[]), fio(&d0, "randwrite", 100, 1, &[&wbs]));
+    let (s1, d1, delayed) = {
+        let _delay = Netem::add(&format!("delay {D_MS}ms"));
+        let (s1, d1) = relogin();
+        let f = (fio(&d1, "randread", 200, 1, &[]), fio(&d1, "randwrite", 100, 1, &[&wbs]));
+        (s1, d1, f)
+    };
+    // A fresh connection (floor RTT of loopback again) for the loss phase.
+    let (s2, d2) = relogin();
+    let port = std::fs::read_to_string(format!("/sys/class/iscsi_connection/connection{}:0/local_port", s2.sid)).ok().and_then(|p| p.trim().parse::<u16>().ok());
+    let before = iscsi_socket_retrans();
+    let lossy = {
+        let _loss = Netem::add("loss 2%");
+        fio(&d2, "randrw", 1_000_000, 4, &["--time_based", "--runtime=8"])
+    };
+    std::thread::sleep(Duration::from_secs(3)); // iscstat reports the last interval
+    let after = iscsi_socket_retrans();
+    let out = lat.stop();
+    let st = stat.stop();
+    assert!(out.status.success() && st.status.success(), "{}{}", out.stderr, st.stderr);
+    let cmds = out.json();
+    check_sane(&cmds, out.elapsed);
+    for c in &cmds {
+        if !c["net_ns"].is_null() {
+            assert_eq!(c.u64("net_ns") + c.u64("target_ns"), c.u64("resp_ns"), "NET + TARGET != RESP: {c}");
+        }
+    }
+
+    // 1. The network knob moves NET only.
+    let b = phase_split("no delay", &cmds, s0.sid as u64, &d0, &base.0, &base.1, wbytes);
+    let n = phase_split(&format!("netem delay {D_MS} ms"), &cmds, s1.sid as u64, &d1, &delayed.0, &delayed.1, wbytes);
+    for (i, (what, trips)) in [("4 KiB reads", 1.0), ("writes with an R2T", 2.0)].into_iter().enumerate() {
+        let want = 2.0 * D_MS * 1e6 * trips;
+        let (dnet, dtarget) = (n[i].0 - b[i].0, n[i].1 - b[i].1);
+        println!("{what}: NET grew {:.3} ms (2 x {D_MS} ms x {trips} round trips = {:.3} ms), TARGET changed {:.3} ms", dnet / 1e6, want / 1e6, dtarget / 1e6);
+        assert!((dnet - want).abs() <= 0.15 * want, "{what}: NET grew {:.3} ms, not {:.3} ms within 15%", dnet / 1e6, want / 1e6);
+        assert!(dtarget.abs() < 1e6, "{what}: TARGET moved {:.3} ms with a network delay", dtarget / 1e6);
+    }
+
+    // iscstat's NET and TARGET agree with isclatency's over the same commands.
+    let rows = st.json();
+    for (sid, dir) in [(s1.sid as u64, "R"), (s1.sid as u64, "W")] {
+        let r: Vec<&Value> = rows.iter().filter(|r| r.u64("sid") == sid && r.str("dir") == dir && r.u64("split") > 0).collect();
+        let split: u64 = r.iter().map(|r| r.u64("split")).sum();
+        let c: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("dir") == dir && !c["net_ns"].is_null()).collect();
+        assert_eq!(split, c.len() as u64, "iscstat split {split} commands of session {sid} {dir}, isclatency {}", c.len());
+        for st in ["net", "target"] {
+            let agg = r.iter().map(|r| r.f64(&format!("{st}_avg_ns")) * r.u64("split") as f64).sum::<f64>() / split as f64;
+            let per = mean_of(&c, &format!("{st}_ns"));
+            println!("session {sid} {dir}: {st} mean iscstat {:.3} ms, isclatency {:.3} ms", agg / 1e6, per / 1e6);
+            assert!((agg - per).abs() <= 0.01 * per + 20_000.0, "iscstat's {st} mean {agg} differs from isclatency's {per}");
+        }
+    }
+
+    // 4. Retransmits: iscstat's per connection equal the socket's own count.
+    let sum = |m: &BTreeMap<u16, u64>| m.values().sum::<u64>();
+    let (ss_delta, scope) = match port {
+        Some(p) => (after.get(&p).copied().unwrap_or(0) - before.get(&p).copied().unwrap_or(0), format!("socket :{p}")),
+        None => (sum(&after).saturating_sub(sum(&before)), "all initiator sockets (no local_port in sysfs)".to_string()),
+    };
+    // One value per interval: every row of a connection shows its count.
+    let mut per_interval: BTreeMap<String, u64> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.u64("sid") == s2.sid as u64) {
+        per_interval.insert(r.str("time").to_string(), r.u64("retrans"));
+    }
+    let counted: u64 = per_interval.values().sum();
+    let lossy_cmds: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == s2.sid as u64 && c.str("disk") == d2).collect();
+    let (with, without): (Vec<&Value>, Vec<&Value>) = lossy_cmds.iter().partition(|c| c.u64("retrans") > 0);
+    println!(
+        "loss 2%: fio {} I/Os; {scope}: ss total_retrans grew {ss_delta}; iscstat counted {counted} on session {}; isclatency: {} commands with RETX > 0 (RESP mean {:.3} ms), {} without ({:.3} ms)",
+        lossy.ios(), s2.sid, with.len(), mean_of(&with, "resp_ns") / 1e6, without.len(), mean_of(&without, "resp_ns") / 1e6
+    );
+    assert!(ss_delta > 0, "2% loss for 8 s retransmitted nothing?");
+    assert_eq!(counted, ss_delta, "retransmits counted by iscstat differ from the socket's own ({scope})");
+    assert!(!with.is_empty() && mean_of(&with, "resp_ns") > mean_of(&without, "resp_ns"), "commands that saw retransmits should be slower");
+}

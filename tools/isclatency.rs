@@ -1,6 +1,7 @@
 //! isclatency: every slow iSCSI command, with where its time went.
 //! WAIT (in the driver's queue), SEND (handing the PDU to TCP), RESP (waiting
-//! for the target). Like bcc's ext4slower, for the iSCSI initiator.
+//! for the target), split into NET and TARGET, and the TCP retransmits on
+//! the way. Like bcc's ext4slower, for the iSCSI initiator.
 
 use clap::Parser;
 use storprototrace::cli::{self, Common, Threshold};
@@ -19,7 +20,26 @@ Stages of each SCSI command in the iSCSI initiator (libiscsi):
   SEND   PDU preparation -> command PDU and any immediate/unsolicited data handed to TCP
   RESP   handed to TCP -> the response completes the task. For writes this
          includes waiting for R2Ts and sending the solicited Data-Out PDUs.
+  NET    RESP's network share: one round trip at the connection's floor RTT
+         per exchange with the target (command -> first PDU back; for writes
+         with R2T also Data-Out -> response), plus the data transfer the
+         initiator sees (first Data-In -> end for reads; R2T -> last Data-Out
+         handed to TCP for writes).
+  TARGET = RESP - NET: the target's service time (and whatever else the
+         floor RTT does not explain).
   TOTAL  = WAIT + SEND + RESP
+  RETX   TCP segments retransmitted on the command's connection while it was
+         in flight (the socket's own total_retrans counter).
+The floor RTT is TCP's windowed minimum RTT of the connection (tcp_min_rtt:
+the lowest of the last net.ipv4.tcp_min_rtt_wlen seconds, 300 by default,
+delayed ACKs left out), not srtt, which delayed ACKs piggybacked on the
+target's answers fill with target time. Limits: when the network's RTT
+rises, NET follows only as old samples leave that window (the rise shows as
+TARGET meanwhile); data queued in TCP's send buffer or in the network ahead
+of a write's Data-Out, and the target's queue ahead of a read's first
+Data-In, count as TARGET. NET and TARGET show '-' for a command with no PDU
+back seen, not on iscsi_tcp, or before the connection's first RTT sample;
+the summary counts them.
 COMM/PID is the context that dispatched the command to the driver: often the
 submitting process, often a kworker (blk-mq runs queues from workqueues).
 Commands that are aborted or failed by session recovery are not timed; they
@@ -29,7 +49,7 @@ const EXAMPLES: &str = "examples:
     isclatency                 # iSCSI commands of 10 ms or more, in ms
     isclatency -m 1            # 1 ms or more
     isclatency -u 0            # every command, times in us
-    isclatency -m 5 -e         # with R2T count, target, initiator and portal
+    isclatency -m 5 -e         # with R2T count, target name, initiator and portal
     isclatency --sid 1 -w      # writes of session 1 only
     isclatency --target 'storage0[12]' --lun 0
     isclatency --disk sdb -T   # one disk, wall-clock timestamps
@@ -38,13 +58,13 @@ const EXAMPLES: &str = "examples:
     isclatency --ebpf          # print the BPF program and exit";
 
 #[derive(Parser, Debug)]
-#[command(name = "isclatency", version, about = "Trace slow iSCSI commands with their WAIT/SEND/RESP breakdown", long_about = ABOUT, after_help = EXAMPLES)]
+#[command(name = "isclatency", version, about = "Trace slow iSCSI commands with their WAIT/SEND/RESP (NET/TARGET) breakdown", long_about = ABOUT, after_help = EXAMPLES)]
 struct Args {
     #[command(flatten)]
     threshold: Threshold,
     #[command(flatten)]
     filters: Filters,
-    /// Extended columns: R2Ts waited for (writes), target IQN, initiator, portal
+    /// Extended columns: R2Ts waited for (writes), target name (IQN), initiator, portal
     #[arg(short = 'e', long)]
     extended: bool,
     #[command(flatten)]
@@ -89,7 +109,11 @@ fn run(args: Args) -> Result<()> {
     let in_flight = maps::count_entries(&mut inflight, 1 << 16);
     let unseen = maps::counter(&mut counters, Counter::EndNotSeen);
     let skipped = t.links.missed();
+    let not_split = maps::counter(&mut counters, Counter::NotSplit);
     let mut line = format!("{shown} commands shown, {lost} events lost, {ended} ended without a response, {in_flight} still in flight");
+    if t.plan.have_rx {
+        line += &format!(", {not_split} timed without a NET/TARGET split");
+    }
     if unseen + skipped > 0 {
         line += &format!(", {unseen} ends not seen, {skipped} probe hits skipped by the kernel");
     }

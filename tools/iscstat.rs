@@ -25,11 +25,23 @@ const EXAMPLES: &str = "examples:
     iscstat 10 --listen 9464 --quiet      # Prometheus exporter on 127.0.0.1:9464/metrics
     iscstat --listen 0.0.0.0:9464 -q      # the same on every address (firewall it)";
 
-/// Stages as in isclatency: WAIT (queued in libiscsi), SEND (PDU handed to
-/// TCP), RESP (waiting for the target; for writes includes R2T round trips),
-/// TOTAL = WAIT + SEND + RESP.
+const ABOUT: &str = "Per-session/LUN iSCSI latency statistics by stage, every interval.
+
+Stages as in isclatency (see isclatency --help for the model of NET):
+  WAIT    queued in libiscsi
+  SEND    command PDU handed to TCP
+  RESP    waiting for the target (for writes including R2T round trips)
+  NET     RESP's network share: round trips at the connection's floor RTT
+          and the data transfer the initiator sees
+  TARGET  RESP - NET: the target's service time
+  TOTAL   WAIT + SEND + RESP
+NET and TARGET averages are over the commands that could be split (JSON
+`split`); a row with none shows '-'. RETX: TCP segments retransmitted on the
+row's connection in the interval (the socket's own total_retrans; a row per
+LUN or direction shows its connection's count).";
+
 #[derive(Parser, Debug)]
-#[command(name = "iscstat", version, about = "Per-session/LUN iSCSI latency statistics by stage (WAIT/SEND/RESP/TOTAL)", after_help = EXAMPLES)]
+#[command(name = "iscstat", version, about = "Per-session/LUN iSCSI latency statistics by stage (WAIT/SEND/RESP/NET/TARGET/TOTAL)", long_about = ABOUT, after_help = EXAMPLES)]
 struct Args {
     /// Seconds between reports
     #[arg(default_value_t = 1)]
@@ -116,13 +128,15 @@ fn run(args: Args) -> Result<()> {
         extended: args.extended,
         json: args.common.json,
         have_sent: t.plan.have_sent,
+        have_rx: t.plan.have_rx,
     };
     let mut topo = t.topo.clone();
-    let mut tally = prom::Tally::new(prom.then(|| prom::Exposition::new(t.plan.have_sent)));
+    let mut tally = prom::Tally::new(prom.then(|| prom::Exposition::new(t.plan.have_sent, t.plan.have_rx)));
     let take = |rows, topo: &mut Topology, tally: &mut prom::Tally| -> Result<()> {
         if let Ok(now) = Topology::read(std::path::Path::new("/sys")) {
             *topo = now;
         }
+        tally.retrans.read(&t.bpf)?;
         tally.add(rows, topo, || t.health());
         Ok(())
     };
@@ -155,12 +169,13 @@ fn run(args: Args) -> Result<()> {
         let now = output::monotonic_ns();
         let stamp = if args.common.timestamp || !args.common.json { clock.wall(now) } else { format!("{:.3}", clock.since_start(now)) };
         if !args.quiet {
-            let lines = view.report(&topo, &rows, elapsed, &stamp, lost - last_lost);
+            let lines = view.report(&topo, &rows, &tally.retrans.interval, elapsed, &stamp, lost - last_lost);
             if !lines.iter().all(|l| out.line(l)) {
                 break;
             }
             out.flush();
         }
+        tally.retrans.interval.clear();
         last_lost = lost;
         reports += 1;
         if stop.stopped() || args.count.map(|c| reports >= c).unwrap_or(false) {
