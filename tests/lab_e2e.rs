@@ -17,14 +17,22 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-/// Every printed command obeys TOTAL = WAIT + SEND + RESP, and no value is
-/// longer than the tool ran (so nothing negative or wrapped slipped through).
+/// Every printed command obeys TOTAL = WAIT + SEND + RESP and, where RESP
+/// is split, NET + TARGET = RESP, and no value is longer than the tool ran
+/// (so nothing negative or wrapped slipped through).
 fn check_sane(cmds: &[Value], run: Duration) {
     let run_ns = run.as_nanos() as u64;
     for c in cmds {
         let (w, s, r, t) = (c.u64("wait_ns"), c.u64("send_ns"), c.u64("resp_ns"), c.u64("total_ns"));
         assert_eq!(w + s + r, t, "stages do not add up: {c}");
         assert!(t <= run_ns, "latency {t} ns is longer than the run ({run_ns} ns): {c}");
+        assert_eq!(c["net_ns"].is_null(), c["target_ns"].is_null(), "NET and TARGET are known together: {c}");
+        if !c["net_ns"].is_null() {
+            assert_eq!(c.u64("net_ns") + c.u64("target_ns"), r, "NET + TARGET != RESP: {c}");
+        }
+        if !c["retrans"].is_null() {
+            assert!(c.u64("retrans") < 1_000_000, "RETX wrapped: {c}");
+        }
     }
 }
 
@@ -331,15 +339,17 @@ fn iscsi_socket_retrans() -> BTreeMap<u16, u64> {
     out
 }
 
-/// RESP splits into NET and TARGET, each moved by its own knob: a netem
-/// delay on loopback (every round trip gains 2 x 5 ms) grows NET by one
-/// round trip for 4 KiB reads and two for writes of twice the session's
-/// FirstBurstLength (command and first burst -> R2T, Data-Out -> response)
-/// and leaves TARGET alone; then under 2% loss the
-/// retransmits counted per connection are the socket's own. One start of
-/// each tool for all of it. The delay is put on before a relogin: the
-/// floor RTT is TCP's minimum, which a connection that saw a faster
-/// network keeps (isclatency --help says so).
+/// RESP splits into NET and TARGET, each moved by its own knob. The
+/// network knob: a netem delay on loopback (every round trip gains 2 x 5
+/// ms), which must grow NET by one round trip for 4 KiB reads and two for
+/// writes of twice the session's FirstBurstLength (command and first burst
+/// -> R2T, Data-Out -> response) and leave TARGET alone. The target knob: a
+/// LUN on dm-delay (SlowLun), which must grow TARGET by what it really adds
+/// to fio's latency and leave NET alone. Both at once: each column its own.
+/// Then under 2% loss the retransmits iscstat counts per connection are the
+/// socket's own. One start of each tool for all of it. Sessions log in
+/// again under the delay: the floor RTT is TCP's minimum, which an
+/// established connection keeps when the RTT rises (isclatency --help).
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn resp_splits_into_net_and_target_and_counts_retransmits() {
@@ -362,15 +372,26 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     let wbytes = 2 * first_burst;
     let wbs = format!("--bs={wbytes}");
     println!("session {}: InitialR2T {}, ImmediateData {}, FirstBurstLength {first_burst}, MaxBurstLength {}: writes of {wbytes} B", s0.sid, param("initial_r2t"), param("immediate_data"), param("max_burst_len"));
-    let base = (fio(&d0, "randread", 200, 1, &[]), fio(&d0, "randwrite", 100, 1, &[&wbs]));
-    let (s1, d1, delayed) = {
+    let job = |d: &str, n: u64| (fio(d, "randread", 2 * n, 1, &[]), fio(d, "randwrite", n, 1, &[&wbs]));
+
+    let base = job(&d0, 100);
+    let slow;
+    let (s1, d1, delayed, both) = {
         let _delay = Netem::add(&format!("delay {D_MS}ms"));
         let (s1, d1) = relogin();
-        let f = (fio(&d1, "randread", 200, 1, &[]), fio(&d1, "randwrite", 100, 1, &[&wbs]));
-        (s1, d1, f)
+        println!("netem delay {D_MS} ms: session {} ({d1}) logged in again", s1.sid);
+        slow = SlowLun::create(&lab, 7);
+        println!("slow LUN: session {} ({}) on dm-delay", slow.sid, slow.disk);
+        let f = job(&d1, 100);
+        (s1, d1, f, job(&slow.disk, 50))
     };
-    // A fresh connection (floor RTT of loopback again) for the loss phase.
+    // Fresh connections (the loopback's floor RTT again): the slow LUN's
+    // floor follows a lower RTT at its next sample (TCP takes lower ones).
     let (s2, d2) = relogin();
+    let plain = job(&d2, 100);
+    let slowed = job(&slow.disk, 50);
+    let slow_sid = slow.sid as u64;
+    let slow_disk = slow.disk.clone();
     let port = std::fs::read_to_string(format!("/sys/class/iscsi_connection/connection{}:0/local_port", s2.sid)).ok().and_then(|p| p.trim().parse::<u16>().ok());
     let before = iscsi_socket_retrans();
     let lossy = {
@@ -381,29 +402,49 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     let after = iscsi_socket_retrans();
     let out = lat.stop();
     let st = stat.stop();
+    drop(slow);
     assert!(out.status.success() && st.status.success(), "{}{}", out.stderr, st.stderr);
     let cmds = out.json();
     check_sane(&cmds, out.elapsed);
-    for c in &cmds {
-        if !c["net_ns"].is_null() {
-            assert_eq!(c.u64("net_ns") + c.u64("target_ns"), c.u64("resp_ns"), "NET + TARGET != RESP: {c}");
-        }
-    }
-
-    // 1. The network knob moves NET only.
-    let b = phase_split("no delay", &cmds, s0.sid as u64, &d0, &base.0, &base.1, wbytes);
-    let n = phase_split(&format!("netem delay {D_MS} ms"), &cmds, s1.sid as u64, &d1, &delayed.0, &delayed.1, wbytes);
+    // Phases: the plain LUN without and with the delay, the slow LUN with
+    // and without it, the plain LUN again on a fresh connection. The slow
+    // LUN's phases are told apart by order (with the delay first).
+    let b = phase_split("plain, no delay", &cmds, s0.sid as u64, &d0, &base.0, &base.1, wbytes);
+    let n = phase_split(&format!("plain, netem delay {D_MS} ms"), &cmds, s1.sid as u64, &d1, &delayed.0, &delayed.1, wbytes);
+    let p2 = phase_split("plain again, no delay", &cmds, s2.sid as u64, &d2, &plain.0, &plain.1, wbytes);
+    let slow_cmds: Vec<Value> = {
+        let mine: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == slow_sid && c.str("disk") == slow_disk).collect();
+        // The last commands are those of the phase without the delay.
+        let n = (slowed.0.ios() + slowed.1.ios()) as usize;
+        mine[mine.len() - n..].iter().map(|c| (*c).clone()).collect()
+    };
+    let sl = phase_split("slow LUN, no delay", &slow_cmds, slow_sid, &slow_disk, &slowed.0, &slowed.1, wbytes);
+    let bo = phase_split(&format!("slow LUN, netem delay {D_MS} ms"), &cmds, slow_sid, &slow_disk, &both.0, &both.1, wbytes);
+    let fio_clat = |f: &(Fio, Fio), i: usize| if i == 0 { f.0.read_clat_mean_ns } else { f.1.write_clat_mean_ns };
     for (i, (what, trips)) in [("4 KiB reads", 1.0), ("writes with an R2T", 2.0)].into_iter().enumerate() {
-        let want = 2.0 * D_MS * 1e6 * trips;
+        // 1. The network knob moves NET only.
+        let want_net = 2.0 * D_MS * 1e6 * trips;
         let (dnet, dtarget) = (n[i].0 - b[i].0, n[i].1 - b[i].1);
-        println!("{what}: NET grew {:.3} ms (2 x {D_MS} ms x {trips} round trips = {:.3} ms), TARGET changed {:.3} ms", dnet / 1e6, want / 1e6, dtarget / 1e6);
-        assert!((dnet - want).abs() <= 0.15 * want, "{what}: NET grew {:.3} ms, not {:.3} ms within 15%", dnet / 1e6, want / 1e6);
+        println!("{what}, network knob: NET grew {:.3} ms (2 x {D_MS} ms x {trips} round trips = {:.3} ms), TARGET changed {:.3} ms", dnet / 1e6, want_net / 1e6, dtarget / 1e6);
+        assert!((dnet - want_net).abs() <= 0.15 * want_net, "{what}: NET grew {:.3} ms, not {:.3} ms within 15%", dnet / 1e6, want_net / 1e6);
         assert!(dtarget.abs() < 1e6, "{what}: TARGET moved {:.3} ms with a network delay", dtarget / 1e6);
+        // 2. The target knob moves TARGET only, by what it adds to fio's latency.
+        let want_target = fio_clat(&slowed, i) - fio_clat(&plain, i);
+        let (dnet, dtarget) = (sl[i].0 - p2[i].0, sl[i].1 - p2[i].1);
+        println!("{what}, target knob: fio's latency grew {:.3} ms; TARGET grew {:.3} ms, NET changed {:.3} ms", want_target / 1e6, dtarget / 1e6, dnet / 1e6);
+        assert!(want_target > 2e6, "{what}: dm-delay added only {:.3} ms", want_target / 1e6);
+        assert!((dtarget - want_target).abs() <= 0.15 * want_target, "{what}: TARGET grew {:.3} ms, not {:.3} ms within 15%", dtarget / 1e6, want_target / 1e6);
+        assert!(dnet.abs() < 1e6, "{what}: NET moved {:.3} ms with a delay inside the target", dnet / 1e6);
+        // 3. Both knobs: each column shows its own.
+        let (dnet, dtarget) = (bo[i].0 - p2[i].0, bo[i].1 - p2[i].1);
+        println!("{what}, both knobs: NET grew {:.3} ms (want {:.3}), TARGET grew {:.3} ms (want {:.3})", dnet / 1e6, want_net / 1e6, dtarget / 1e6, want_target / 1e6);
+        assert!((dnet - want_net).abs() <= 0.15 * want_net, "{what}, both knobs: NET grew {:.3} ms, not {:.3} ms within 15%", dnet / 1e6, want_net / 1e6);
+        assert!((dtarget - want_target).abs() <= 0.15 * want_target, "{what}, both knobs: TARGET grew {:.3} ms, not {:.3} ms within 15%", dtarget / 1e6, want_target / 1e6);
     }
 
     // iscstat's NET and TARGET agree with isclatency's over the same commands.
     let rows = st.json();
-    for (sid, dir) in [(s1.sid as u64, "R"), (s1.sid as u64, "W")] {
+    for (sid, dir) in [(s1.sid as u64, "R"), (s1.sid as u64, "W"), (slow_sid, "R")] {
         let r: Vec<&Value> = rows.iter().filter(|r| r.u64("sid") == sid && r.str("dir") == dir && r.u64("split") > 0).collect();
         let split: u64 = r.iter().map(|r| r.u64("split")).sum();
         let c: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("dir") == dir && !c["net_ns"].is_null()).collect();

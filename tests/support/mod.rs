@@ -399,3 +399,54 @@ impl Drop for Prometheus {
         let _ = self.child.wait();
     }
 }
+
+/// A LUN whose backing store waits: a RAM disk (brd) under dm-delay,
+/// exported by LIO (iblock) as the only LUN of a target of its own, and
+/// logged in. The knob inside the target for tests that must tell the
+/// target's time from the network's. Removed again when dropped.
+pub struct SlowLun {
+    pub target: String,
+    pub sid: u32,
+    pub disk: String,
+    tpg: String,
+}
+
+const CFG: &str = "/sys/kernel/config/target";
+
+impl SlowLun {
+    /// `delay_ms`: what dm-delay is told; what it really adds is measured
+    /// by the caller (it waits in timer ticks).
+    pub fn create(lab: &Lab, delay_ms: u32) -> SlowLun {
+        let prefix = lab.targets[0].rsplit_once(':').expect("lab target IQN").0.to_string();
+        let target = format!("{prefix}:slow");
+        sh("modprobe brd rd_nr=1 rd_size=65536 && modprobe dm_delay && modprobe target_core_iblock");
+        // udevd is stopped (quiet_disks): dmsetup must not wait for it, and
+        // the device node to use is devtmpfs' /dev/dm-N.
+        sh(&format!("dmsetup create --noudevsync lab_slow --table \"0 $(blockdev --getsz /dev/ram0) delay /dev/ram0 0 {delay_ms}\""));
+        let dm = sh("dmsetup info -c --noheadings -o blkdevname lab_slow").trim().to_string();
+        let bs = format!("{CFG}/core/iblock_90/lab_slow");
+        let tpg = format!("{CFG}/iscsi/{target}/tpgt_1");
+        sh(&format!(
+            "mkdir -p {bs} && echo udev_path=/dev/{dm} > {bs}/control && echo 1 > {bs}/enable && \
+             mkdir -p {tpg}/lun/lun_0 && ln -s {bs} {tpg}/lun/lun_0/lab_slow && mkdir {tpg}/np/127.0.0.1:3260 && \
+             echo 1 > {tpg}/attrib/generate_node_acls && echo 0 > {tpg}/attrib/authentication && \
+             echo 0 > {tpg}/attrib/demo_mode_write_protect && echo 1 > {tpg}/attrib/cache_dynamic_acls && echo 1 > {tpg}/enable"
+        ));
+        sh("iscsiadm -m discovery -t st -p 127.0.0.1 >/dev/null");
+        sh(&format!("iscsiadm -m node -T {target} -p 127.0.0.1 -l >/dev/null"));
+        let (s, disk) = session_disk_after_login(&target);
+        SlowLun { target, sid: s.sid, disk, tpg }
+    }
+}
+
+impl Drop for SlowLun {
+    fn drop(&mut self) {
+        let t = &self.target;
+        let tpg = &self.tpg;
+        let _ = Command::new("sh").arg("-c").arg(format!(
+            "iscsiadm -m node -T {t} -p 127.0.0.1 -u; iscsiadm -m node -T {t} -o delete; \
+             echo 0 > {tpg}/enable; rm -f {tpg}/lun/lun_0/lab_slow; rmdir {tpg}/lun/lun_0 {tpg}/np/127.0.0.1:3260 {tpg} {CFG}/iscsi/{t}; \
+             rmdir {CFG}/core/iblock_90/lab_slow {CFG}/core/iblock_90; dmsetup remove --noudevsync lab_slow; rmmod brd"
+        )).output();
+    }
+}
