@@ -21,10 +21,10 @@ Stages of each SCSI command in the iSCSI initiator (libiscsi):
   RESP   handed to TCP -> the response completes the task. For writes this
          includes waiting for R2Ts and sending the solicited Data-Out PDUs.
   NET    RESP's network share: one round trip at the connection's floor RTT
-         per exchange with the target (command -> first PDU back; for writes
-         with R2T also Data-Out -> response), plus the data transfer the
-         initiator sees (first Data-In -> end for reads; R2T -> last Data-Out
-         handed to TCP for writes).
+         per exchange with the target, each capped at what it took (command
+         -> first PDU back; for writes with R2T also Data-Out -> response),
+         plus the data transfer the initiator sees (first Data-In -> end for
+         reads; R2T -> last Data-Out handed to TCP for writes).
   TARGET = RESP - NET: the target's service time (and whatever else the
          floor RTT does not explain).
   TOTAL  = WAIT + SEND + RESP

@@ -439,6 +439,16 @@ impl SlowLun {
     }
 }
 
+impl SlowLun {
+    /// Log out and in again: a new connection, with a floor RTT of its own.
+    pub fn relogin(&mut self) {
+        sh(&format!("iscsiadm -m node -T {} -p 127.0.0.1 -u >/dev/null", self.target));
+        sh(&format!("iscsiadm -m node -T {} -p 127.0.0.1 -l >/dev/null", self.target));
+        let (s, disk) = session_disk_after_login(&self.target);
+        (self.sid, self.disk) = (s.sid, disk);
+    }
+}
+
 impl Drop for SlowLun {
     fn drop(&mut self) {
         let t = &self.target;
