@@ -81,7 +81,7 @@ fn poll_state(sid: u32, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, 
     (h, log)
 }
 
-/// fio's JSON after SIGINT: (total errors, max completion latency ns).
+/// fio's JSON after SIGINT: (errors, max completion latency ns, reads).
 fn fio_stop(mut job: Child) -> (u64, u64, u64) {
     unsafe { libc::kill(job.id() as i32, libc::SIGINT) };
     let out = job.wait_with_output().unwrap();
@@ -89,7 +89,9 @@ fn fio_stop(mut job: Child) -> (u64, u64, u64) {
     let start = text.find('{').unwrap_or_else(|| panic!("fio printed no JSON: {text}{}", String::from_utf8_lossy(&out.stderr)));
     let j: Value = serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio's JSON ({e}): {text}"));
     let job = j.path("jobs.0");
-    (job.u64("total_err"), job.u64("read.clat_ns.max"), job.u64("read.total_ios"))
+    // total_err is there only with continue_on_error; else the first error.
+    let errors = job.get("total_err").map(|v| v.as_u64().expect("total_err")).unwrap_or_else(|| job.u64("error"));
+    (errors, job.u64("read.clat_ns.max"), job.u64("read.total_ios"))
 }
 
 /// One cut of the link of session `sid` for S seconds during fio, until the
@@ -192,6 +194,11 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
         assert_eq!(stop[0].u64("in_flight"), u.u64("in_flight"));
         if n == 1 {
             assert!(fio.1 + 1_000_000_000 >= blocked, "fio's max latency is at least the blocked time");
+            // The oldest command flushed waited its age at the stop, then the
+            // blocked time: fio's longest I/O.
+            let oldest = stop[0].u64("oldest_ns");
+            println!("cut 1: oldest in flight {:.3} s + blocked {:.3} s = {:.3} s; fio max latency {:.3} s", secs(oldest), secs(blocked), secs(oldest + blocked), secs(fio.1));
+            assert!((fio.1 as f64 - (oldest + blocked) as f64).abs() <= 1e9, "oldest age + blocked time = fio's max latency, within 1 s");
             assert!(stop[0].u64("in_flight") > 0, "fio had commands in flight");
             assert_eq!(u.u64("requeued"), stop[0].u64("in_flight"), "the commands in flight at the failure are the ones requeued");
             assert_eq!(u.u64("failed"), 0, "nothing failed");
