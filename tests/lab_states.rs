@@ -135,7 +135,9 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
     let s1 = topo.session(sid).unwrap().clone();
     let other = topo.sessions.iter().find(|s| s.sid != sid).expect("a second session").clone();
     let keep = local_port(other.sid);
-    let tool = start("iscstates", &["--json", "-v"]);
+    let prom_dir = tempfile::tempdir().unwrap();
+    let prom_file = prom_dir.path().join("iscsi_states.prom");
+    let tool = start("iscstates", &["--json", "-v", "--prom-file", prom_file.to_str().unwrap()]);
     let stop = Arc::new(AtomicBool::new(false));
     let (poller, states) = poll_state(sid, stop.clone());
     let t0 = monotonic_ns();
@@ -226,5 +228,17 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
     assert_eq!(of(&ev, sid as u64, "logout", t3, t_end).len(), 1, "one logout of session {sid}");
     assert_eq!(of(&ev, s1b.sid as u64, "login", t3, t_end).len(), 1, "one login, session {}", s1b.sid);
     assert!(out.stderr.contains("NOP_TIMEDOUT:2"), "the summary counts both failures: {}", out.stderr);
+    // The textfile counters: the same numbers as the events.
+    let text = std::fs::read_to_string(&prom_file).unwrap();
+    println!("--prom-file:\n{text}");
+    let value = |series: &str| -> f64 {
+        let l = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in {text}"));
+        l.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let labels = format!("sid=\"{sid}\",target=\"{}\"", s1.target);
+    assert_eq!(value(&format!("iscsi_connection_failures_total{{{labels},reason=\"NOP_TIMEDOUT\"}}")), 2.0);
+    assert_eq!(value(&format!("iscsi_commands_failed_total{{{labels}}}")), fio2.0 as f64);
+    let blocked: u64 = of(&ev, sid as u64, "unblocked", t0, t_end).iter().filter_map(|e| e.path("blocked_ns").as_u64()).sum();
+    assert!((value(&format!("iscsi_session_blocked_seconds_total{{{labels}}}")) - secs(blocked)).abs() < 1e-6);
     assert_eq!(out.summary("events lost"), 0);
 }
