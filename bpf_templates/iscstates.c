@@ -187,9 +187,28 @@ int session_block(struct pt_regs *ctx, void *work)
     return session_event(ctx, (struct iscsi_cls_session *)((char *)work - __builtin_offsetof(struct iscsi_cls_session, block_work)), EV_BLOCK);
 }
 
+/* The unblock is sent at the return of __iscsi_unblock_session, when the
+ * disks run again: user space counts the I/O errors of the episode then,
+ * and requests rejected until scsi_target_unblock are all in. */
+BPF_HASH(unblocking, u64, u64, 1024);
+
 int session_unblock(struct pt_regs *ctx, void *work)
 {
-    return session_event(ctx, (struct iscsi_cls_session *)((char *)work - __builtin_offsetof(struct iscsi_cls_session, unblock_work)), EV_UNBLOCK);
+    u64 id = bpf_get_current_pid_tgid();
+    u64 w = (u64)work;
+    unblocking.update(&id, &w);
+    return 0;
+}
+
+int session_unblock_ret(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 *w = unblocking.lookup(&id);
+    if (!w)
+        return 0;
+    char *work = (char *)*w;
+    unblocking.delete(&id);
+    return session_event(ctx, (struct iscsi_cls_session *)(work - __builtin_offsetof(struct iscsi_cls_session, unblock_work)), EV_UNBLOCK);
 }
 
 /* recovery_work is a delayed_work: its work_struct is its first member. */

@@ -161,6 +161,7 @@ impl StatesPlan {
             Probe::entry(CONN_START, "conn_start"),
             Probe::entry(BLOCK, "session_block"),
             Probe::entry(UNBLOCK, "session_unblock"),
+            Probe::ret(UNBLOCK, "session_unblock_ret"),
             Probe::entry(TIMEOUT, "session_timeout"),
         ];
         let mut notes = Vec::new();
