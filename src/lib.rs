@@ -15,6 +15,7 @@
 //! - what the tools choose: `filters` (session/LUN/disk filters), `stages`
 //!   (isclatency's and iscstat's probe plan and start-up), `freeze`
 //!   (iscfreeze's plan and freeze/waiter matching);
+//!   `states` (iscstates' probes, session episodes);
 //! - output: `output`, `json`, `prom`, `latency_view` (isclatency's lines),
 //!   `stat_view` (iscstat's reports); `cli` and `error` for every tool.
 
@@ -41,6 +42,7 @@ pub mod prom;
 pub mod runner;
 pub mod stages;
 pub mod stat_view;
+pub mod states;
 pub mod stats;
 pub mod templates;
 pub mod topology;

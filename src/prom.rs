@@ -160,7 +160,7 @@ fn label_text(l: &Labels, extra: &str) -> String {
     )
 }
 
-fn seconds(ns: u64) -> String {
+pub fn seconds(ns: u64) -> String {
     let s = format!("{:.9}", ns as f64 / 1e9);
     let s = s.trim_end_matches('0');
     s.strip_suffix('.').map(|x| x.to_string()).unwrap_or_else(|| s.to_string())
@@ -246,16 +246,22 @@ impl Exposition {
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {
-        let tmp = tmp_path(path);
-        let r = std::fs::File::create(&tmp).and_then(|mut f| {
-            f.write_all(self.render().as_bytes())?;
-            f.sync_all()
-        });
-        r.and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::env(format!("--prom-file {}: {e}", path.display()))
-        })
+        write_atomically(path, &self.render())
     }
+}
+
+/// Replace PATH with `text` through a temporary file and a rename, so a
+/// reader never sees half (iscstat's and iscstates' --prom-file).
+pub fn write_atomically(path: &Path, text: &str) -> Result<()> {
+    let tmp = tmp_path(path);
+    let r = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(text.as_bytes())?;
+        f.sync_all()
+    });
+    r.and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::env(format!("--prom-file {}: {e}", path.display()))
+    })
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub const ISCSTAT: &str = include_str!("../bpf_templates/iscstat.c");
 pub const ISCCOUNT: &str = include_str!("../bpf_templates/isccount.c");
 pub const SUBMITSLOWER: &str = include_str!("../bpf_templates/submitslower.c");
 pub const ISCFREEZE: &str = include_str!("../bpf_templates/iscfreeze.c");
+pub const ISCSTATES: &str = include_str!("../bpf_templates/iscstates.c");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Value {

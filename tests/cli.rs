@@ -203,3 +203,36 @@ fn a_closed_pipe_ends_the_tool_quietly() {
         assert!(status.success() || std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGPIPE), "{tool}: {status:?} {err}");
     }
 }
+
+fn iscstates(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_iscstates")).args(args).output().unwrap()
+}
+
+fn iscstates_error(args: &[&str], code: i32, contains: &str) {
+    let out = iscstates(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "exit status for {args:?}: {err:?}");
+    assert_eq!(err.lines().count(), 1, "want one line, got {err:?}");
+    assert!(err.starts_with("iscstates: error: ") && err.contains(contains), "{err:?} lacks {contains:?}");
+    assert!(!err.contains("panicked") && out.stdout.is_empty(), "{err:?}");
+}
+
+#[test]
+fn iscstates_bad_input() {
+    // No iSCSI session on this machine: a --sid names none.
+    iscstates_error(&["--sid", "99"], 2, "--sid 99 matches no iSCSI session (sessions: none)");
+    iscstates_error(&["--sid", "-1"], 2, "unexpected argument '-1'");
+    iscstates_error(&["--sid", "1) || (1"], 2, "invalid value '1) || (1' for '--sid <SID>'");
+    iscstates_error(&["--target", "("], 2, "--target '(': bad regular expression");
+    iscstates_error(&["--prom-file", "/nonexistent-dir/x.prom"], 2, "--prom-file /nonexistent-dir/x.prom: cannot write in /nonexistent-dir");
+    iscstates_error(&["--duration", "0"], 2, "--duration must be at least 1 second");
+    iscstates_error(&["--lun", "1"], 2, "unexpected argument '--lun'");
+}
+
+#[test]
+fn iscstates_ebpf_needs_no_root_and_reads_only_numbers() {
+    let out = iscstates(&["--ebpf", "--target", "x\"; evil"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let c = String::from_utf8_lossy(&out.stdout);
+    assert!(c.contains("int conn_error(") && c.contains("int rq_complete(") && !c.contains("evil"), "{c}");
+}

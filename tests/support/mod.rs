@@ -197,6 +197,7 @@ pub fn bin(name: &str) -> String {
         "iscstat" => env!("CARGO_BIN_EXE_iscstat").to_string(),
         "submitslower" => env!("CARGO_BIN_EXE_submitslower").to_string(),
         "iscfreeze" => env!("CARGO_BIN_EXE_iscfreeze").to_string(),
+        "iscstates" => env!("CARGO_BIN_EXE_iscstates").to_string(),
         other => panic!("unknown tool {other}"),
     }
 }

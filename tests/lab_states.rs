@@ -1,0 +1,244 @@
+//! End-to-end test of iscstates against real iSCSI sessions, inside the lab
+//! VM (run with --ignored through tests/lab/run; see the report in
+//! tools/iscstates_example.txt). One tool start serves three checks in
+//! sequence: a link cut and its recovery, a recovery timeout, and an
+//! administrator's logout and login. Named *relogin*: the runner runs it
+//! after every other test (it logs a session out and in).
+
+mod support;
+
+use serde_json::Value;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use storprototrace::output::monotonic_ns;
+use support::*;
+
+const S: u64 = 20; // seconds the link stays cut
+const R: u64 = 3; // replacement_timeout of the second cut
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// `[  123.456789] text` lines of the kernel log containing `what`, as ns since boot.
+fn kernel_log(what: &str) -> Vec<u64> {
+    sh("dmesg")
+        .lines()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            let ts = l.strip_prefix('[')?.split(']').next()?.trim();
+            let (s, frac) = ts.split_once('.')?;
+            Some(s.parse::<u64>().ok()? * 1_000_000_000 + frac.parse::<u64>().ok()? * 1000)
+        })
+        .collect()
+}
+
+/// All iSCSI traffic on lo dropped except that of the connection on local
+/// port `keep` (the session that must stay up): a prio qdisc whose third
+/// band is netem loss 100%, filled by u32 filters. Removed when dropped.
+struct Cut;
+impl Cut {
+    fn all_but(keep: &str) -> Cut {
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+        sh("tc qdisc add dev lo root handle 1: prio && tc qdisc add dev lo parent 1:3 handle 30: netem loss 100%");
+        for (prio, m, flow) in [(1, format!("sport {keep}"), "1:1"), (1, format!("dport {keep}"), "1:1"), (2, "sport 3260".into(), "1:3"), (2, "dport 3260".into(), "1:3")] {
+            sh(&format!("tc filter add dev lo parent 1: protocol ip prio {prio} u32 match ip {m} 0xffff flowid {flow}"));
+        }
+        Cut
+    }
+}
+impl Drop for Cut {
+    fn drop(&mut self) {
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+    }
+}
+
+fn local_port(sid: u32) -> String {
+    sh(&format!("cat /sys/class/iscsi_connection/connection{sid}:0/local_port")).trim().to_string()
+}
+
+fn state(sid: u32) -> String {
+    std::fs::read_to_string(format!("/sys/class/iscsi_session/session{sid}/state")).unwrap_or_default().trim().to_string()
+}
+
+/// Poll a session's sysfs state every 50 ms: (time, state) at each change.
+fn poll_state(sid: u32, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, Arc<Mutex<Vec<(u64, String)>>>) {
+    let log = Arc::new(Mutex::new(Vec::<(u64, String)>::new()));
+    let l = log.clone();
+    let h = std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            let s = state(sid);
+            let mut v = l.lock().unwrap();
+            if v.last().map(|(_, x)| x != &s).unwrap_or(true) {
+                v.push((monotonic_ns(), s));
+            }
+            drop(v);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    (h, log)
+}
+
+/// fio's JSON after SIGINT: (errors, max completion latency ns, reads).
+fn fio_stop(mut job: Child) -> (u64, u64, u64) {
+    unsafe { libc::kill(job.id() as i32, libc::SIGINT) };
+    let out = job.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let start = text.find('{').unwrap_or_else(|| panic!("fio printed no JSON: {text}{}", String::from_utf8_lossy(&out.stderr)));
+    let j: Value = serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio's JSON ({e}): {text}"));
+    let job = j.path("jobs.0");
+    // total_err is there only with continue_on_error; else the first error.
+    let errors = job.get("total_err").map(|v| v.as_u64().expect("total_err")).unwrap_or_else(|| job.u64("error"));
+    (errors, job.u64("read.clat_ns.max"), job.u64("read.total_ios"))
+}
+
+/// One cut of the link of session `sid` for S seconds during fio, until the
+/// session is LOGGED_IN again: (cut on, cut off, relogin time, fio).
+fn outage(disk: &str, sid: u32, keep_port: &str, states: &Arc<Mutex<Vec<(u64, String)>>>, extra: &[&str]) -> (u64, u64, u64, (u64, u64, u64)) {
+    let mut args = vec!["--time_based", "--runtime=600"];
+    args.extend_from_slice(extra);
+    let job = fio_cmd(disk, "randread", 100_000_000, 4, &args).spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let (on, off);
+    {
+        let _cut = Cut::all_but(keep_port);
+        on = monotonic_ns();
+        std::thread::sleep(Duration::from_secs(S));
+        off = monotonic_ns();
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let relogin = loop {
+        if let Some((t, _)) = states.lock().unwrap().iter().rev().find(|(t, s)| *t > off && s == "LOGGED_IN") {
+            break *t;
+        }
+        assert!(Instant::now() < deadline, "session {sid} not LOGGED_IN 90 s after the link came back: {:?}", states.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    (on, off, relogin, fio_stop(job))
+}
+
+fn of<'a>(ev: &'a [Value], sid: u64, kind: &str, from: u64, to: u64) -> Vec<&'a Value> {
+    ev.iter().filter(|e| e.u64("sid") == sid && e.str("event") == kind && e.u64("ts_ns") >= from && e.u64("ts_ns") <= to).collect()
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn states_link_cut_recovery_timeout_and_logout_relogin() {
+    let lab = lab();
+    assert!(lab.targets.len() >= 2, "needs two targets: tests/lab/run --targets 2");
+    let topo = topology();
+    let d = lab.disks[0].clone();
+    let sid = sid_of(&d);
+    let s1 = topo.session(sid).unwrap().clone();
+    let other = topo.sessions.iter().find(|s| s.sid != sid).expect("a second session").clone();
+    let keep = local_port(other.sid);
+    let prom_dir = tempfile::tempdir().unwrap();
+    let prom_file = prom_dir.path().join("iscsi_states.prom");
+    let tool = start("iscstates", &["--json", "-v", "--prom-file", prom_file.to_str().unwrap()]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (poller, states) = poll_state(sid, stop.clone());
+    let t0 = monotonic_ns();
+
+    // 1. Link cut and recovered.
+    let (on1, off1, relogin1, fio1) = outage(&d, sid, &keep, &states, &[]);
+    // 2. The same with replacement_timeout R < S, set through sysfs (iscsid
+    //    keeps a value written there), fio going on through errors.
+    sh(&format!("echo {R} > /sys/class/iscsi_session/session{sid}/recovery_tmo"));
+    let (on2, off2, relogin2, fio2) = outage(&d, sid, &keep, &states, &["--continue_on_error=all"]);
+    // 3. An administrator's logout and login (the new session gets the
+    //    node's replacement_timeout again).
+    let t3 = monotonic_ns();
+    sh(&format!("iscsiadm -m node -T {} -p 127.0.0.1 -u", s1.target));
+    sh(&format!("iscsiadm -m node -T {} -p 127.0.0.1 -l", s1.target));
+    let (s1b, _) = session_disk_after_login(&s1.target);
+    std::thread::sleep(Duration::from_secs(2));
+    let out = tool.stop();
+    let t_end = monotonic_ns();
+    stop.store(true, Ordering::SeqCst);
+    poller.join().unwrap();
+    assert!(out.status.success(), "{}", out.stderr);
+    let ev = out.json();
+    println!("iscstates said:\n{}", out.stderr);
+    for l in &out.lines {
+        println!("  {l}");
+    }
+    let errs = kernel_log(&format!("connection{sid}:0: detected conn error (1022)"));
+    let tmo_log = kernel_log(&format!("session{sid}: session recovery timed out after {R} secs"));
+    println!("kernel log: conn errors at {:?} s, recovery timeout at {:?} s", errs.iter().map(|t| secs(*t)).collect::<Vec<_>>(), tmo_log.iter().map(|t| secs(*t)).collect::<Vec<_>>());
+    println!("session {sid} states: {:?}", states.lock().unwrap().iter().map(|(t, s)| format!("{s}@{:.3}", secs(*t))).collect::<Vec<_>>());
+
+    // The second session stayed up: nothing about it, ever.
+    assert!(ev.iter().all(|e| e.u64("sid") != other.sid as u64), "events for session {} that stayed up", other.sid);
+
+    for (n, on, off, relogin, fio) in [(1, on1, off1, relogin1, fio1), (2, on2, off2, relogin2, fio2)] {
+        let end = relogin + 2_000_000_000;
+        let fail = of(&ev, sid as u64, "conn_error", on, end);
+        assert_eq!(fail.len(), 1, "cut {n}: exactly one connection failure: {fail:?}");
+        let f = fail[0];
+        assert_eq!((f.str("reason"), f.u64("reason_code")), ("NOP_TIMEDOUT", 1022), "cut {n}");
+        let klog = *errs.iter().find(|t| **t >= on && **t <= end).unwrap_or_else(|| panic!("cut {n}: no 'detected conn error (1022)' in the kernel log"));
+        let dt = f.u64("ts_ns") as f64 - klog as f64;
+        println!("cut {n}: failure {:+.3} s from the kernel log's conn error", dt / 1e9);
+        assert!(dt.abs() <= 1e9, "cut {n}: failure within 1 s of the kernel log");
+        let un = of(&ev, sid as u64, "unblocked", on, end);
+        assert_eq!(un.len(), 1, "cut {n}: one unblock: {un:?}");
+        assert_eq!(of(&ev, sid as u64, "relogin", on, end).len(), 1, "cut {n}: one relogin");
+        let u = un[0];
+        let blocked = u.u64("blocked_ns");
+        let interval = relogin.saturating_sub(klog);
+        println!("cut {n}: blocked {:.3} s; kernel log failure to sysfs LOGGED_IN {:.3} s; fio max latency {:.3} s, {} reads, {} errors", secs(blocked), secs(interval), secs(fio.1), fio.2, fio.0);
+        assert!((blocked as f64 - interval as f64).abs() <= 2e9, "cut {n}: blocked time within 2 s of the kernel's interval");
+        let stop = of(&ev, sid as u64, "conn_stop", on, end);
+        assert_eq!(stop.len(), 1, "cut {n}: one conn stop: {stop:?}");
+        assert_eq!(stop[0].u64("in_flight"), u.u64("in_flight"));
+        if n == 1 {
+            assert!(fio.1 + 1_000_000_000 >= blocked, "fio's max latency is at least the blocked time");
+            // The oldest command flushed waited its age at the stop, then the
+            // blocked time: fio's longest I/O.
+            let oldest = stop[0].u64("oldest_ns");
+            println!("cut 1: oldest in flight {:.3} s + blocked {:.3} s = {:.3} s; fio max latency {:.3} s", secs(oldest), secs(blocked), secs(oldest + blocked), secs(fio.1));
+            assert!((fio.1 as f64 - (oldest + blocked) as f64).abs() <= 1e9, "oldest age + blocked time = fio's max latency, within 1 s");
+            assert!(stop[0].u64("in_flight") > 0, "fio had commands in flight");
+            assert_eq!(u.u64("requeued"), stop[0].u64("in_flight"), "the commands in flight at the failure are the ones requeued");
+            assert_eq!(u.u64("failed"), 0, "nothing failed");
+            assert_eq!(fio.0, 0, "fio saw no error");
+            assert!(of(&ev, sid as u64, "recovery_timeout", on, end).is_empty());
+        } else {
+            let t = of(&ev, sid as u64, "recovery_timeout", on, end);
+            assert_eq!(t.len(), 1, "cut 2: one recovery timeout");
+            let after = t[0].u64("ts_ns") as f64 - f.u64("ts_ns") as f64;
+            println!("cut 2: recovery timeout {:.3} s after the failure (replacement_timeout {R}); kernel log {:?}", after / 1e9, tmo_log);
+            assert_eq!(t[0].u64("replacement_timeout_s"), R);
+            assert!((after - (R as f64) * 1e9).abs() <= 1e9, "recovery times out R s after the failure");
+            let k = *tmo_log.iter().find(|x| **x >= on).expect("the kernel logged the timeout");
+            assert!((t[0].u64("ts_ns") as f64 - k as f64).abs() <= 1e9, "at the kernel log's timeout");
+            assert!(fio.0 > 0, "fio saw errors");
+            assert_eq!(u.u64("failed"), fio.0, "failed commands = fio's errors");
+            assert_eq!(u.u64("timed_out"), 1);
+        }
+    }
+
+    // 3. Logout and login: no failure.
+    let late = |k: &str| of(&ev, sid as u64, k, t3, t_end).len() + of(&ev, s1b.sid as u64, k, t3, t_end).len();
+    assert_eq!(late("conn_error"), 0, "a logout is not a failure");
+    assert_eq!(late("blocked"), 0, "a logout blocks nothing");
+    assert_eq!(of(&ev, sid as u64, "logout", t3, t_end).len(), 1, "one logout of session {sid}");
+    assert_eq!(of(&ev, s1b.sid as u64, "login", t3, t_end).len(), 1, "one login, session {}", s1b.sid);
+    assert!(out.stderr.contains("NOP_TIMEDOUT:2"), "the summary counts both failures: {}", out.stderr);
+    // The textfile counters: the same numbers as the events.
+    let text = std::fs::read_to_string(&prom_file).unwrap();
+    println!("--prom-file:\n{text}");
+    let value = |series: &str| -> f64 {
+        let l = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in {text}"));
+        l.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let labels = format!("sid=\"{sid}\",target=\"{}\"", s1.target);
+    assert_eq!(value(&format!("iscsi_connection_failures_total{{{labels},reason=\"NOP_TIMEDOUT\"}}")), 2.0);
+    assert_eq!(value(&format!("iscsi_commands_failed_total{{{labels}}}")), fio2.0 as f64);
+    let blocked: u64 = of(&ev, sid as u64, "unblocked", t0, t_end).iter().filter_map(|e| e.path("blocked_ns").as_u64()).sum();
+    assert!((value(&format!("iscsi_session_blocked_seconds_total{{{labels}}}")) - secs(blocked)).abs() < 1e-6);
+    assert_eq!(out.summary("events lost"), 0);
+}
