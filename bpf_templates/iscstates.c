@@ -25,9 +25,10 @@
 #include <scsi/libiscsi.h>
 #endif
 
-/* Offsets of dev and error in block:block_rq_complete's record, read from
- * its tracefs format by src/states.rs. */
+/* Offsets of dev, nr_sector and error in block:block_rq_complete's
+ * record, read from its tracefs format by src/states.rs. */
 #define RQ_DEV_OFF {{RQ_DEV_OFF}}
+#define RQ_NR_SECTOR_OFF {{RQ_NR_SECTOR_OFF}}
 #define RQ_ERROR_OFF {{RQ_ERROR_OFF}}
 #define SCSI_MLQUEUE_EH_RETRY 0x1057
 
@@ -245,6 +246,13 @@ int rq_complete(void *args)
     int error = 0;
     bpf_probe_read_kernel(&error, sizeof(error), (char *)args + RQ_ERROR_OFF);
     if (error == 0)
+        return 0;
+    /* Requests of the block layer's users only: a passthrough request (the
+     * SCSI midlayer's own commands, e.g. iscsid's rescan after a relogin)
+     * is traced with nr_sector 0. */
+    u32 nr = 0;
+    bpf_probe_read_kernel(&nr, sizeof(nr), (char *)args + RQ_NR_SECTOR_OFF);
+    if (nr == 0)
         return 0;
     u32 dev = 0;
     bpf_probe_read_kernel(&dev, sizeof(dev), (char *)args + RQ_DEV_OFF);

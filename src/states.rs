@@ -112,9 +112,9 @@ impl StateEvent {
     }
 }
 
-/// Offsets of `dev` and `error` in block:block_rq_complete's record, from
-/// its tracefs `format` text.
-pub fn rq_complete_offsets(format: &str) -> Option<(u32, u32)> {
+/// Offsets of `dev`, `nr_sector` and `error` in block:block_rq_complete's
+/// record, from its tracefs `format` text.
+pub fn rq_complete_offsets(format: &str) -> Option<(u32, u32, u32)> {
     let off = |name: &str| -> Option<u32> {
         format.lines().find_map(|l| {
             let l = l.trim();
@@ -125,7 +125,7 @@ pub fn rq_complete_offsets(format: &str) -> Option<(u32, u32)> {
             l.split(';').find_map(|p| p.trim().strip_prefix("offset:")?.parse().ok())
         })
     };
-    Some((off("dev")?, off("error")?))
+    Some((off("dev")?, off("nr_sector")?, off("error")?))
 }
 
 /// The probes on this kernel, and what it cannot show.
@@ -177,8 +177,8 @@ impl StatesPlan {
         StatesPlan { probes, notes, have_flush: flush.is_some(), have_requeue }
     }
 
-    pub fn render(&self, ringbuf: bool, rq_offsets: (u32, u32)) -> Result<String> {
-        let values: Vec<(&str, Value)> = vec![("USE_RINGBUF", ringbuf.into()), ("RQ_DEV_OFF", rq_offsets.0.into()), ("RQ_ERROR_OFF", rq_offsets.1.into())];
+    pub fn render(&self, ringbuf: bool, rq_offsets: (u32, u32, u32)) -> Result<String> {
+        let values: Vec<(&str, Value)> = vec![("USE_RINGBUF", ringbuf.into()), ("RQ_DEV_OFF", rq_offsets.0.into()), ("RQ_NR_SECTOR_OFF", rq_offsets.1.into()), ("RQ_ERROR_OFF", rq_offsets.2.into())];
         Template::new(PARTS).render(&values)
     }
 }
@@ -491,8 +491,8 @@ mod tests {
 
     #[test]
     fn offsets_from_the_tracefs_format() {
-        let f = "name: block_rq_complete\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;\n\tfield:sector_t sector;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:int error;\toffset:28;\tsize:4;\tsigned:1;\n";
-        assert_eq!(rq_complete_offsets(f), Some((8, 28)));
+        let f = "name: block_rq_complete\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;\n\tfield:sector_t sector;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:unsigned int nr_sector;\toffset:24;\tsize:4;\tsigned:0;\n\tfield:int error;\toffset:28;\tsize:4;\tsigned:1;\n";
+        assert_eq!(rq_complete_offsets(f), Some((8, 24, 28)));
         assert_eq!(rq_complete_offsets("field:dev_t dev;\toffset:8;"), None);
     }
 
@@ -500,8 +500,8 @@ mod tests {
     fn every_plan_renders() {
         for (flush, rq) in [(Some("fail_scsi_task"), true), (None, false)] {
             let p = StatesPlan::with(flush, rq);
-            let c = p.render(true, (8, 28)).unwrap();
-            assert!(c.contains("#define RQ_ERROR_OFF 28LL") && !c.contains("{{"));
+            let c = p.render(true, (8, 24, 28)).unwrap();
+            assert!(c.contains("#define RQ_ERROR_OFF 28LL") && c.contains("#define RQ_NR_SECTOR_OFF 24LL") && !c.contains("{{"));
             assert_eq!(p.notes.len(), (flush.is_none() as usize) + (!rq as usize));
         }
     }

@@ -369,7 +369,9 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     let relogin = || {
         sh(&format!("iscsiadm -m node -T {target} -p 127.0.0.1 -u"));
         sh(&format!("iscsiadm -m node -T {target} -p 127.0.0.1 -l"));
-        session_disk_after_login(&target)
+        let s = session_disk_after_login(&target);
+        settle_after_login();
+        s
     };
     let [lat, stat]: [Traced; 2] = start_together(&[("isclatency", &["-u", "0", "--json"]), ("iscstat", &["1", "-D", "--json"])]).try_into().ok().unwrap();
     let topo = topology();

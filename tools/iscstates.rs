@@ -68,7 +68,7 @@ fn main() {
 
 /// The block_rq_complete record offsets of this kernel (those of 5.10 to
 /// 7.3 where tracefs cannot say: --ebpf only).
-fn rq_offsets(kernel: &Kernel) -> Option<(u32, u32)> {
+fn rq_offsets(kernel: &Kernel) -> Option<(u32, u32, u32)> {
     kernel.tracepoint_format("block", "block_rq_complete").and_then(|f| states::rq_complete_offsets(&f))
 }
 
@@ -83,7 +83,7 @@ fn run(args: Args) -> Result<()> {
     if args.common.ebpf {
         let plan = StatesPlan::choose(&kernel).unwrap_or_else(|_| StatesPlan::assume_all());
         let ringbuf = kernel.ringbuf || kernel.function_count() == 0;
-        println!("{}", kernel_types::program(types.as_ref().ok(), &plan.render(ringbuf, rq_offsets(&kernel).unwrap_or((8, 28)))?));
+        println!("{}", kernel_types::program(types.as_ref().ok(), &plan.render(ringbuf, rq_offsets(&kernel).unwrap_or((8, 24, 28)))?));
         return Ok(());
     }
     let sys = Path::new("/sys");

@@ -401,6 +401,13 @@ impl Drop for Prometheus {
     }
 }
 
+/// After a login: open-iscsi 2.1.10+ (trixie's iscsid) rescans every LUN
+/// of a session that logged in again, freezing each disk's queue for a
+/// while: fio latencies taken then are not the path's own. Waits that out.
+pub fn settle_after_login() {
+    std::thread::sleep(Duration::from_secs(4));
+}
+
 /// A LUN whose backing store waits: a RAM disk (brd) under dm-delay,
 /// exported by LIO (iblock) as the only LUN of a target of its own, and
 /// logged in. The knob inside the target for tests that must tell the
@@ -436,6 +443,7 @@ impl SlowLun {
         sh("iscsiadm -m discovery -t st -p 127.0.0.1 >/dev/null");
         sh(&format!("iscsiadm -m node -T {target} -p 127.0.0.1 -l >/dev/null"));
         let (s, disk) = session_disk_after_login(&target);
+        settle_after_login();
         SlowLun { target, sid: s.sid, disk, tpg }
     }
 }
@@ -447,6 +455,7 @@ impl SlowLun {
         sh(&format!("iscsiadm -m node -T {} -p 127.0.0.1 -l >/dev/null", self.target));
         let (s, disk) = session_disk_after_login(&self.target);
         (self.sid, self.disk) = (s.sid, disk);
+        settle_after_login();
     }
 }
 
