@@ -36,8 +36,8 @@ delayed ACKs left out), not srtt, which delayed ACKs piggybacked on the
 target's answers fill with target time. Limits: when the network's RTT
 rises, NET follows only as old samples leave that window (the rise shows as
 TARGET meanwhile); data queued in TCP's send buffer or in the network ahead
-of a write's Data-Out, and the target's queue ahead of a read's first
-Data-In, count as TARGET. NET and TARGET show '-' for a command with no PDU
+of a write's Data-Out, the target's queue ahead of a read's first Data-In,
+and the network's jitter above its minimum RTT count as TARGET. NET and TARGET show '-' for a command with no PDU
 back seen, not on iscsi_tcp, or before the connection's first RTT sample;
 the summary counts them.
 COMM/PID is the context that dispatched the command to the driver: often the
