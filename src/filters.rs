@@ -49,6 +49,12 @@ fn regex(flag: &str, s: &str) -> Result<Regex> {
 }
 
 impl Filters {
+    /// The --target regular expression, compiled (for a tool that matches
+    /// session names itself); a bad one is the same usage error as validate's.
+    pub fn target_regex(&self) -> Result<Option<Regex>> {
+        self.target.as_deref().map(|t| regex("--target", t)).transpose()
+    }
+
     /// Check what needs no kernel (regex syntax), before anything else.
     pub fn validate(&self) -> Result<()> {
         if let Some(t) = &self.target {

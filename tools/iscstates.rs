@@ -76,7 +76,7 @@ fn run(args: Args) -> Result<()> {
     let duration = args.common.duration()?;
     let filters = Filters { sid: args.sid, target: args.target.clone(), ..Default::default() };
     filters.validate()?;
-    let target_re = args.target.as_deref().map(|t| regex::Regex::new(t).expect("validated"));
+    let target_re = filters.target_regex()?;
     let kernel = Kernel::detect();
     let types = kernel_types::from_btf_dir(&kernel.btf_dir, states::PARTS, kernel_types::ISCSI_MODULES);
 
