@@ -128,8 +128,8 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     println!("exporter: RSS {rss_before} kB before 1,000 requests, {rss_after} kB after; {} bad replies", bad.len());
     assert!(bad.is_empty(), "requests refused during the abuse: {bad:?}");
     assert!(rss_after <= rss_before + 4096, "RSS grew by {} kB over 1,000 requests", rss_after - rss_before);
-    // Let Prometheus scrape after the last completion, then ask it.
-    std::thread::sleep(Duration::from_secs(4));
+    // Let Prometheus scrape (twice) after the last completion, then ask it.
+    std::thread::sleep(Duration::from_secs(2 * SCRAPE_INTERVAL_S + 1));
     let topo = topology();
     for i in [0, 1, 2] {
         for (dir, n) in [("read", f[&i].reads), ("write", f[&i].writes)] {
@@ -143,7 +143,11 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     let up_min = server.one(&format!("min_over_time(up{{job=\"iscstat\"}}[{w}s])"));
     let slowest = server.one(&format!("max_over_time(scrape_duration_seconds{{job=\"iscstat\"}}[{w}s])"));
     println!("prometheus: {scrapes} scrapes in the last {w} s, min(up) {up_min}, slowest scrape {slowest:.3} s");
-    assert!(scrapes >= 5.0 && up_min == 1.0, "every scrape must succeed: {scrapes} scrapes, min(up) {up_min}");
+    if up_min != 1.0 {
+        let ok = server.one(&format!("sum_over_time(up{{job=\"iscstat\"}}[{w}s])"));
+        println!("prometheus: {} of {scrapes} scrapes failed; the target now: {}", scrapes - ok, server.targets());
+    }
+    assert!(scrapes >= 4.0 && up_min == 1.0, "every scrape must succeed: {scrapes} scrapes, min(up) {up_min}");
     assert_eq!(server.one("iscsi_tracer_up"), 1.0);
     assert_eq!(server.one("sum(iscsi_tracer_lost_commands_total)"), 0.0, "commands the tracer did not count");
     let skipped = server.one("iscsi_tracer_skipped_probe_hits_total");

@@ -338,8 +338,15 @@ pub fn urlencode(s: &str) -> String {
     s.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
 }
 
+/// How often the test Prometheus scrapes, and its scrape timeout (the
+/// same): 3 s. With 1 s, a scrape of an exporter on a guest saturated by
+/// fio at iodepth 32 on three disks plus `isclatency -u 0` timed out
+/// under emulation (1.23 s, CI 2026-12-01); Prometheus' own default
+/// timeout is 10 s.
+pub const SCRAPE_INTERVAL_S: u64 = 3;
+
 /// A real Prometheus server (Debian's prometheus package) scraping
-/// `target` every second, stopped when dropped.
+/// `target` every SCRAPE_INTERVAL_S seconds, stopped when dropped.
 pub struct Prometheus {
     child: Child,
     pub addr: String,
@@ -350,7 +357,7 @@ impl Prometheus {
     pub fn start(target: &str, port: u16) -> Prometheus {
         let dir = tempfile::tempdir().expect("temporary directory");
         let config = dir.path().join("prometheus.yml");
-        std::fs::write(&config, format!("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: iscstat\n    static_configs:\n      - targets: ['{target}']\n")).unwrap();
+        std::fs::write(&config, format!("global:\n  scrape_interval: {SCRAPE_INTERVAL_S}s\n  scrape_timeout: {SCRAPE_INTERVAL_S}s\nscrape_configs:\n  - job_name: iscstat\n    static_configs:\n      - targets: ['{target}']\n")).unwrap();
         let addr = format!("127.0.0.1:{port}");
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
@@ -384,6 +391,16 @@ impl Prometheus {
         j.path("data.result").as_array().unwrap_or_else(|| panic!("query {q}: no result list: {body}")).iter()
             .map(|r| (r["metric"].clone(), r["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("query {q}: value {r}"))))
             .collect()
+    }
+
+    /// What Prometheus says of its targets' last scrapes: health, error,
+    /// duration (to tell a timeout from a bad reply when one failed).
+    pub fn targets(&self) -> String {
+        let (_, body) = http_get(&self.addr, "/api/v1/targets");
+        let j: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        j.path("data.activeTargets").as_array().map(|a| a.iter()
+            .map(|t| format!("{} health {} lastError {:?} lastScrapeDuration {}", t["scrapeUrl"], t["health"], t["lastError"].as_str().unwrap_or(""), t["lastScrapeDuration"]))
+            .collect::<Vec<_>>().join("; ")).unwrap_or(body)
     }
 
     /// The one value of a query that must give exactly one series.
