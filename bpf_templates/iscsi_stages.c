@@ -75,7 +75,16 @@
 #define FILTER_DIR {{FILTER_DIR}}
 #define HAVE_SENT {{HAVE_SENT}}
 #define HAVE_RX {{HAVE_RX}}
+/* iscsi_requeue_task traced: it runs for each R2T (libiscsi_tcp's
+ * iscsi_tcp_r2t_rsp), so a command whose first PDU back was an R2T is one
+ * with r2t > 0 (a write's PDUs back are R2Ts, then its response; a read's
+ * never are), and the PDU's opcode need not be read. */
+#define HAVE_R2T {{HAVE_R2T}}
 #define FENTRY {{FENTRY}}
+/* Who issued each command and what it was: the process's name, the CDB's
+ * opcode, the SCSI channel and target id. isclatency prints them; iscstat
+ * does not, and saves their reads on every command. */
+#define WHO {{WHO}}
 
 /* From a scsi_cmnd to its iscsi_task: sc->SCp.ptr before 5.18, the
  * command's private data (struct iscsi_cmd) after. Chosen from the headers. */
@@ -155,8 +164,6 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
     int ddir = sc->sc_data_direction;
 
     f.host = shost->host_no;
-    f.channel = sdev->channel;
-    f.id = sdev->id;
     f.lun = sdev->lun;
     f.dir = ddir == DMA_FROM_DEVICE ? DIR_READ : (ddir == DMA_TO_DEVICE ? DIR_WRITE : DIR_OTHER);
     f.pid = id >> 32;
@@ -178,6 +185,9 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
         return 0;
 
     f.bytes = sc->sdb.length;
+#if WHO
+    f.channel = sdev->channel;
+    f.id = sdev->id;
 #if CDB_POINTER
     unsigned char *cdb = NULL;
     bpf_probe_read_kernel(&cdb, sizeof(cdb), &sc->cmnd);
@@ -187,6 +197,7 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
     bpf_probe_read_kernel(&f.opcode, sizeof(f.opcode), &sc->cmnd[0]);
 #endif
     bpf_get_current_comm(&f.comm, sizeof(f.comm));
+#endif
     f.ts_queue = bpf_ktime_get_ns();
     if (inflight.insert(&key, &f) != 0) {
         /* This command's memory is in the map already: the end of the
@@ -305,7 +316,6 @@ static __always_inline int stage_rx(struct iscsi_task *task)
     /* A return value: bcc does not turn its member reads into probe reads
      * in a kretprobe, so they are explicit. */
     u64 key = 0;
-    struct iscsi_conn *conn = NULL;
     if (!task)
         return 0;
     bpf_probe_read_kernel(&key, sizeof(key), &task->sc);
@@ -315,6 +325,8 @@ static __always_inline int stage_rx(struct iscsi_task *task)
     if (!f || f->ts_prep == 0 || f->ts_rx || f->sk == 0)
         return 0;
     f->ts_rx = bpf_ktime_get_ns();
+#if !HAVE_R2T
+    struct iscsi_conn *conn = NULL;
     struct iscsi_tcp_conn *tc = NULL;
     void *hdr = NULL;
     u8 op = 0;
@@ -326,6 +338,7 @@ static __always_inline int stage_rx(struct iscsi_task *task)
     if (hdr)
         bpf_probe_read_kernel(&op, sizeof(op), hdr);   /* iscsi_hdr.opcode */
     f->rx_op = op & 0x3f;
+#endif
     struct tcp_sock *tp = (struct tcp_sock *)f->sk;
     /* rtt_min is a struct minmax { struct minmax_sample { u32 t, v; } s[3]; }:
      * s[0].v, at +4, is tcp_min_rtt() (include/net/tcp.h); ~0 before any sample. */
@@ -396,7 +409,7 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
         u64 rx = f->ts_rx < sent ? sent : (f->ts_rx > now ? now : f->ts_rx);
         u64 first = rx - sent;
         u64 net = first < rtt ? first : rtt;
-        if (f->rx_op == ISCSI_OP_R2T) {
+        if (HAVE_R2T ? f->r2t > 0 : f->rx_op == ISCSI_OP_R2T) {
             u64 dout = f->ts_dout < rx ? rx : (f->ts_dout > now ? now : f->ts_dout);
             u64 last = now - dout;
             net += (dout - rx) + (last < rtt ? last : rtt);

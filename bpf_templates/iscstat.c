@@ -154,9 +154,11 @@ static __always_inline void on_command_done(void *ctx,
     struct hist_key hk = {}, fk = {};
     hk.row = k;
     fk.row = k;
-    slot = EPOCH_FINE;
-    ep = epoch.lookup(&slot);
-    fk.row.epoch = ep ? *ep : 0;
+    if (FINE_HIST) {
+        slot = EPOCH_FINE;
+        ep = epoch.lookup(&slot);
+        fk.row.epoch = ep ? *ep : 0;
+    }
     add_stage(v, &hk, &fk, STAGE_WAIT, t->wait);
 #if HAVE_SENT
     add_stage(v, &hk, &fk, STAGE_SEND, t->send);  /* else unknown: no SEND statistics at all */

@@ -102,6 +102,7 @@ impl StagePlan {
         vec![
             ("HAVE_SENT", self.have_sent.into()),
             ("HAVE_RX", self.have_rx.into()),
+            ("HAVE_R2T", self.have_r2t.into()),
             ("TASK_FROM_SC", Value::Ident(self.scsi.task_lookup.macro_name())),
             ("CDB_POINTER", self.scsi.cdb_pointer.into()),
             ("FENTRY", self.fentry.into()),
@@ -409,9 +410,9 @@ mod tests {
         let k = kernel_with(&t, ALL);
         let filters = [KernelFilter::default(), KernelFilter { hosts: Some(vec![1]), devices: Some(vec![1]), lun: Some(1), cid: Some(0), pid: Some(9), dir: 2 }];
         let tools: [(&str, Vec<(&'static str, Value)>); 3] = [
-            (templates::ISCLATENCY, vec![("MIN_US", 10_000u64.into())]),
-            (templates::ISCSTAT, vec![("PER_LUN", false.into()), ("PER_DIR", true.into()), ("PROM", false.into()), ("FINE_HIST", true.into())]),
-            (templates::ISCSTAT, vec![("PER_LUN", true.into()), ("PER_DIR", true.into()), ("PROM", true.into()), ("FINE_HIST", false.into())]),
+            (templates::ISCLATENCY, vec![("MIN_US", 10_000u64.into()), ("WHO", true.into())]),
+            (templates::ISCSTAT, vec![("PER_LUN", false.into()), ("PER_DIR", true.into()), ("PROM", false.into()), ("FINE_HIST", true.into()), ("WHO", false.into())]),
+            (templates::ISCSTAT, vec![("PER_LUN", true.into()), ("PER_DIR", true.into()), ("PROM", true.into()), ("FINE_HIST", false.into()), ("WHO", false.into())]),
         ];
         let mut rendered = 0;
         for scsi in [ScsiLayout::modern(), OLD, ScsiLayout { task_lookup: TaskLookup::PrivateData, cdb_pointer: true }] {

@@ -354,8 +354,9 @@ fn iscsi_socket_retrans() -> BTreeMap<u16, u64> {
 /// writes of twice the session's FirstBurstLength (command and first burst
 /// -> R2T, Data-Out -> response) and leave TARGET alone. The target knob: a
 /// LUN on dm-delay (SlowLun), which must grow TARGET by what it really adds
-/// to fio's latency and leave NET alone. Both at once: each column its own.
-/// Then under 2% loss the retransmits iscstat counts per connection are the
+/// to fio's latency and leave NET alone. Both at once: each column its own,
+/// and at iodepth 32 on both targets together exact counts, every command
+/// split, none with a NET below netem's round trip. Then under 2% loss the retransmits iscstat counts per connection are the
 /// socket's own. One start of each tool for all of it. Sessions log in
 /// again under the delay: the floor RTT is TCP's minimum, which an
 /// established connection keeps when the RTT rises (isclatency --help).
@@ -387,6 +388,8 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
 
     let base = job(&d0, 100);
     let mut slow;
+    const QD32_IOS: u64 = 600;
+    let qd32: Vec<Fio>;
     let (s1, d1, delayed, both) = {
         let _delay = Netem::add(&format!("delay {D_MS}ms"));
         let (s1, d1) = relogin();
@@ -394,7 +397,11 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
         slow = SlowLun::create(&lab, 7);
         println!("slow LUN: session {} ({}) on dm-delay", slow.sid, slow.disk);
         let f = job(&d1, 100);
-        (s1, d1, f, job(&slow.disk, 50))
+        let both = job(&slow.disk, 50);
+        // 5. Concurrency: iodepth 32 on the two targets at once, both knobs on.
+        let jobs: Vec<_> = [&d1, &slow.disk].iter().map(|d| fio_cmd(d, "randrw", QD32_IOS, 32, &[]).spawn().unwrap()).collect();
+        qd32 = jobs.into_iter().map(|j| fio_result(j.wait_with_output().unwrap())).collect();
+        (s1, d1, f, both)
     };
     let (slow_sid1, slow_disk1) = (slow.sid as u64, slow.disk.clone());
     // Fresh connections (the loopback's floor RTT again).
@@ -425,6 +432,22 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     let bo = phase_split(&format!("slow LUN, netem delay {D_MS} ms"), &cmds, slow_sid1, &slow_disk1, &both, wbytes, 0);
     let p2 = phase_split("plain again, no delay", &cmds, s2.sid as u64, &d2, &plain, wbytes, 0);
     let sl = phase_split("slow LUN, no delay", &cmds, slow_sid, &slow_disk, &slowed, wbytes, 0);
+    // 5. At iodepth 32 (after each session's delayed phase: the commands
+    // after its run of writes): the count exact per session, every command
+    // split, and each one's NET at least the round trip netem adds.
+    for ((sid, disk), f) in [(s1.sid as u64, d1.as_str()), (slow_sid1, slow_disk1.as_str())].into_iter().zip(&qd32) {
+        let seq: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("disk") == disk && c.str("dir") != "-").collect();
+        let last_w = seq.iter().rposition(|c| c.str("dir") == "W" && c.u64("bytes") == wbytes).expect("the delayed phase's writes");
+        let c = &seq[last_w + 1..];
+        let unsplit = c.iter().filter(|c| c["net_ns"].is_null()).count();
+        let min_net = c.iter().filter_map(|c| c["net_ns"].as_u64()).min().unwrap_or(0);
+        println!("iodepth 32, both knobs, session {sid} ({disk}): fio {} R + {} W, isclatency {} commands ({unsplit} not split), NET min {:.3} ms, RESP mean {:.3} = NET {:.3} + TARGET {:.3} ms",
+            f.reads, f.writes, c.len(), min_net as f64 / 1e6, mean_of(c, "resp_ns") / 1e6, mean_of(c, "net_ns") / 1e6, mean_of(c, "target_ns") / 1e6);
+        assert_eq!(c.len() as u64, f.ios(), "iodepth 32 on session {sid}: isclatency's count against fio's");
+        assert_eq!(c.iter().filter(|c| c.str("dir") == "R").count() as u64, f.reads, "iodepth 32 on session {sid}: reads");
+        assert_eq!(unsplit, 0, "iodepth 32 on session {sid}: commands not split");
+        assert!(min_net as f64 >= 0.95 * 2.0 * D_MS * 1e6, "iodepth 32 on session {sid}: a command's NET {min_net} ns is less than netem's round trip");
+    }
     let fio_clat = |f: &(Fio, Fio), i: usize| if i == 0 { f.0.read_clat_mean_ns } else { f.1.write_clat_mean_ns };
     for (i, (what, trips)) in [("4 KiB reads", 1.0), ("writes with an R2T", 2.0)].into_iter().enumerate() {
         // 1. The network knob moves NET only.

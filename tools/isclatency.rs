@@ -79,7 +79,7 @@ fn run(args: Args) -> Result<()> {
     let (min_us, unit) = args.threshold.resolve(10)?;
     args.filters.validate()?;
     let duration = args.common.duration()?;
-    let values = [("MIN_US", min_us.into())];
+    let values = [("MIN_US", min_us.into()), ("WHO", true.into())];
     let Some(t) = stages::start("isclatency", &args.common, &args.filters, templates::ISCLATENCY, &values)? else { return Ok(()) };
     let mut events = Events::open(&t.bpf, t.kernel.ringbuf)?;
     let stop = Stop::install(duration)?;

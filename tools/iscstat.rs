@@ -110,7 +110,7 @@ fn run(args: Args) -> Result<()> {
     // are merged back to what -L/-D ask for.
     let prom = args.prom_file.is_some() || exporter.is_some();
     let fine = args.percentiles || args.histograms;
-    let values = [("PER_LUN", (args.per_lun || prom).into()), ("PER_DIR", (args.per_dir || prom).into()), ("PROM", prom.into()), ("FINE_HIST", fine.into())];
+    let values = [("PER_LUN", (args.per_lun || prom).into()), ("PER_DIR", (args.per_dir || prom).into()), ("PROM", prom.into()), ("FINE_HIST", fine.into()), ("WHO", false.into())];
     let Some(t) = stages::start("iscstat", &args.common, &args.filters, templates::ISCSTAT, &values)? else { return Ok(()) };
     stats::check_maps(&t.bpf)?;
     let mut collector = Collector::new()?;
