@@ -1,7 +1,8 @@
 /* iscstates.c: iSCSI connection failures and recoveries. Control paths
  * only (a handful of hits per failure), all kprobes; the one per-I/O probe
- * (block_rq_complete, errors per disk) is attached by user space at the
- * first failure, never while sessions are healthy.
+ * (the raw tracepoint block_rq_complete: errors and the longest request
+ * held up, per SCSI host) is attached by user space at the first failure,
+ * never while sessions are healthy.
  * Kernel facts: ../shared/KERNEL-NOTES-2.md section B. */
 /* Kernel types read (from BTF or the headers, as in common.h):
  * @struct iscsi_cls_conn dd_data cid
@@ -10,9 +11,9 @@
  * @struct iscsi_cls_session sid recovery_tmo block_work unblock_work recovery_work
  * @struct iscsi_task sc state
  * @struct scsi_cmnd device
- * @struct scsi_device host
+ * @struct scsi_device host request_queue
  * @struct Scsi_Host host_no
- * @struct request start_time_ns
+ * @struct request start_time_ns q
  * @enum ISCSI_TASK_COMPLETED ISCSI_TASK_PENDING ISCSI_TASK_FREE
  */
 #if !BTF_TYPES
@@ -25,11 +26,6 @@
 #include <scsi/libiscsi.h>
 #endif
 
-/* Offsets of dev, nr_sector and error in block:block_rq_complete's
- * record, read from its tracefs format by src/states.rs. */
-#define RQ_DEV_OFF {{RQ_DEV_OFF}}
-#define RQ_NR_SECTOR_OFF {{RQ_NR_SECTOR_OFF}}
-#define RQ_ERROR_OFF {{RQ_ERROR_OFF}}
 #define SCSI_MLQUEUE_EH_RETRY 0x1057
 
 /* Event types: src/states.rs (Kind) has the same numbers; a test checks. */
@@ -65,8 +61,22 @@ struct stop_t {
 };
 BPF_HASH(stopping, u64, struct stop_t, 1024);
 
-/* I/O errors per disk (dev_t), from the block layer; read by user space. */
+/* Per SCSI host of an iSCSI session, written by user space (src/states.rs
+ * Held): the window of its latest recovery episode, from its first failure
+ * event to the unblock (until ~0 while it lasts). Requests of other hosts
+ * are not looked at. */
+struct held_t {
+    u64 from;
+    u64 until;
+};
+BPF_HASH(held, u32, struct held_t, 1024);
+/* Per host: the block layer's requests that ended in an error; and, per
+ * CPU, the longest time a request held up by the episode (started before
+ * its end, completed after its start) took from its start
+ * (rq->start_time_ns, where iostat's await counts from) to its final
+ * completion. Read by user space. */
 BPF_HASH(rq_errors, u32, u64, 1024);
+BPF_PERCPU_HASH(held_longest, u32, u64, 1024);
 
 static __always_inline void conn_ids(struct iscsi_cls_conn *cls_conn, struct event *e)
 {
@@ -240,25 +250,55 @@ int requeue(struct pt_regs *ctx, struct scsi_cmnd *cmd, int reason)
     return 0;
 }
 
-/* block:block_rq_complete, attached at the first failure: I/O errors per disk. */
-int rq_complete(void *args)
+/* Raw tracepoint block_rq_complete(rq, error, nr_bytes), attached at the
+ * first failure; error is an int on 5.10 and a blk_status_t after: either
+ * way non-zero is a failure. */
+int rq_done(struct bpf_raw_tracepoint_args *ctx)
 {
-    int error = 0;
-    bpf_probe_read_kernel(&error, sizeof(error), (char *)args + RQ_ERROR_OFF);
-    if (error == 0)
-        return 0;
+    struct request *rq = (struct request *)ctx->args[0];
+    u32 error = (u32)ctx->args[1];
+    u32 nr_bytes = (u32)ctx->args[2];
     /* Requests of the block layer's users only: a passthrough request (the
      * SCSI midlayer's own commands, e.g. iscsid's rescan after a relogin)
-     * is traced with nr_sector 0. */
-    u32 nr = 0;
-    bpf_probe_read_kernel(&nr, sizeof(nr), (char *)args + RQ_NR_SECTOR_OFF);
-    if (nr == 0)
+     * carries less than a sector (the tracepoint's nr_sector 0). */
+    if ((nr_bytes >> 9) == 0)
         return 0;
-    u32 dev = 0;
-    bpf_probe_read_kernel(&dev, sizeof(dev), (char *)args + RQ_DEV_OFF);
+    /* blk_mq_rq_to_pdu: a SCSI request's scsi_cmnd follows it. Another
+     * driver keeps something else there: a SCSI request is one whose
+     * device's queue is the request's own. */
+    struct scsi_cmnd *sc = (struct scsi_cmnd *)((char *)rq + sizeof(struct request));
+    struct scsi_device *sdev = NULL;
+    struct Scsi_Host *shost = NULL;
+    void *q = NULL, *sq = NULL;
+    bpf_probe_read_kernel(&sdev, sizeof(sdev), &sc->device);
+    if (!sdev)
+        return 0;
+    bpf_probe_read_kernel(&q, sizeof(q), &rq->q);
+    bpf_probe_read_kernel(&sq, sizeof(sq), &sdev->request_queue);
+    if (!q || q != sq)
+        return 0;
+    bpf_probe_read_kernel(&shost, sizeof(shost), &sdev->host);
+    if (!shost)
+        return 0;
+    u32 host = 0;
+    bpf_probe_read_kernel(&host, sizeof(host), &shost->host_no);
+    struct held_t *h = held.lookup(&host);
+    if (!h)
+        return 0;      /* not an iSCSI session's host */
     u64 zero = 0;
-    u64 *n = rq_errors.lookup_or_try_init(&dev, &zero);
-    if (n)
-        __sync_fetch_and_add(n, 1);
+    if (error) {
+        u64 *n = rq_errors.lookup_or_try_init(&host, &zero);
+        if (n)
+            __sync_fetch_and_add(n, 1);
+    }
+    u64 start = 0, now = bpf_ktime_get_ns();
+    bpf_probe_read_kernel(&start, sizeof(start), &rq->start_time_ns);
+    /* 0: the queue keeps no start times (no I/O statistics, no scheduler). */
+    if (start == 0 || start >= now || start >= h->until || now < h->from)
+        return 0;
+    u64 took = now - start;
+    u64 *m = held_longest.lookup_or_try_init(&host, &zero);
+    if (m && took > *m)
+        *m = took;
     return 0;
 }

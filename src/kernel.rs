@@ -129,11 +129,6 @@ impl Kernel {
         self.tracefs.as_ref().map(|d| d.join("events").join(system).join(event).is_dir()).unwrap_or(false)
     }
 
-    /// A tracepoint's tracefs `format` text, if the kernel has it.
-    pub fn tracepoint_format(&self, system: &str, event: &str) -> Option<String> {
-        self.tracefs.as_ref().and_then(|d| fs::read_to_string(d.join("events").join(system).join(event).join("format")).ok())
-    }
-
     /// Headers BCC can compile against, or the error that says what to do.
     pub fn require_headers(&self) -> Result<()> {
         if self.headers.is_some() || self.kheaders {

@@ -112,20 +112,30 @@ impl StateEvent {
     }
 }
 
-/// Offsets of `dev`, `nr_sector` and `error` in block:block_rq_complete's
-/// record, from its tracefs `format` text.
-pub fn rq_complete_offsets(format: &str) -> Option<(u32, u32, u32)> {
-    let off = |name: &str| -> Option<u32> {
-        format.lines().find_map(|l| {
-            let l = l.trim();
-            let decl = l.strip_prefix("field:")?.split(';').next()?;
-            if decl.split_whitespace().last()? != name {
-                return None;
-            }
-            l.split(';').find_map(|p| p.trim().strip_prefix("offset:")?.parse().ok())
-        })
-    };
-    Some((off("dev")?, off("nr_sector")?, off("error")?))
+/// `struct held_t` of iscstates.c: the window of a host's latest recovery
+/// episode, from its first failure event to the unblock (`until` u64::MAX
+/// while it lasts). Requests completing inside it that started before its
+/// end were held up by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub from: u64,
+    pub until: u64,
+}
+
+impl Held {
+    pub const SIZE: usize = 16;
+    pub fn open(from: u64) -> Held {
+        Held { from, until: u64::MAX }
+    }
+    pub fn to_bytes(self) -> Vec<u8> {
+        [self.from.to_ne_bytes(), self.until.to_ne_bytes()].concat()
+    }
+}
+
+/// The largest of the per-CPU u64 values of one key of a per-CPU map
+/// (`ncpus` copies of 8 bytes).
+pub fn percpu_max(value: &[u8], ncpus: usize) -> u64 {
+    value.chunks_exact(8).take(ncpus).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))).max().unwrap_or(0)
 }
 
 /// The probes on this kernel, and what it cannot show.
@@ -177,8 +187,8 @@ impl StatesPlan {
         StatesPlan { probes, notes, have_flush: flush.is_some(), have_requeue }
     }
 
-    pub fn render(&self, ringbuf: bool, rq_offsets: (u32, u32, u32)) -> Result<String> {
-        let values: Vec<(&str, Value)> = vec![("USE_RINGBUF", ringbuf.into()), ("RQ_DEV_OFF", rq_offsets.0.into()), ("RQ_NR_SECTOR_OFF", rq_offsets.1.into()), ("RQ_ERROR_OFF", rq_offsets.2.into())];
+    pub fn render(&self, ringbuf: bool) -> Result<String> {
+        let values: Vec<(&str, Value)> = vec![("USE_RINGBUF", ringbuf.into())];
         Template::new(PARTS).render(&values)
     }
 }
@@ -217,6 +227,9 @@ pub struct Totals {
     pub failed: u64,
     pub logouts: u64,
     pub logins: u64,
+    /// The longest a request held up by an episode took from its start to
+    /// its final completion (None: not known, e.g. no episode yet).
+    pub longest_held_ns: Option<u64>,
 }
 
 /// One event as shown: a line, or a JSON object.
@@ -430,13 +443,14 @@ impl Shown {
 
 /// The exit summary, one row per session seen.
 pub fn summary_lines(totals: &BTreeMap<u32, Totals>, info: &dyn Fn(u32) -> SessionInfo, have_requeue: bool) -> Vec<String> {
-    let mut v = vec![format!("{:<5} {:<40} {:<24} {:>8} {:>11} {:>14} {:>8} {:>8} {:>6} {:>7} {:>6}", "SID", "TARGET", "FAILURES", "EPISODES", "BLOCKED(s)", "MAXBLOCKED(s)", "TIMEOUTS", "REQUEUED", "FAILED", "LOGOUTS", "LOGINS")];
+    let mut v = vec![format!("{:<5} {:<40} {:<24} {:>8} {:>11} {:>14} {:>11} {:>8} {:>8} {:>6} {:>7} {:>6}", "SID", "TARGET", "FAILURES", "EPISODES", "BLOCKED(s)", "MAXBLOCKED(s)", "LONGEST(s)", "TIMEOUTS", "REQUEUED", "FAILED", "LOGOUTS", "LOGINS")];
     for (sid, t) in totals {
         let f = if t.failures.is_empty() { "0".to_string() } else { t.failures.iter().map(|(c, n)| format!("{}:{n}", err_name(*c))).collect::<Vec<_>>().join(",") };
         let target = info(*sid).target;
         let rq = if have_requeue { t.requeued.to_string() } else { "-".into() };
+        let longest = t.longest_held_ns.map(|n| format!("{:.3}", n as f64 / 1e9)).unwrap_or("-".into());
         v.push(format!(
-            "{sid:<5} {:<40} {f:<24} {:>8} {:>11.3} {:>14.3} {:>8} {rq:>8} {:>6} {:>7} {:>6}",
+            "{sid:<5} {:<40} {f:<24} {:>8} {:>11.3} {:>14.3} {longest:>11} {:>8} {rq:>8} {:>6} {:>7} {:>6}",
             if target.is_empty() { "-" } else { &target }, t.episodes, t.blocked_ns as f64 / 1e9, t.max_blocked_ns as f64 / 1e9, t.timeouts, t.failed, t.logouts, t.logins
         ));
     }
@@ -490,18 +504,23 @@ mod tests {
     }
 
     #[test]
-    fn offsets_from_the_tracefs_format() {
-        let f = "name: block_rq_complete\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;\n\tfield:sector_t sector;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:unsigned int nr_sector;\toffset:24;\tsize:4;\tsigned:0;\n\tfield:int error;\toffset:28;\tsize:4;\tsigned:1;\n";
-        assert_eq!(rq_complete_offsets(f), Some((8, 24, 28)));
-        assert_eq!(rq_complete_offsets("field:dev_t dev;\toffset:8;"), None);
+    fn held_matches_iscstates_c_and_per_cpu_values_give_their_max() {
+        let l = layout::parse(templates::ISCSTATES, "held_t").unwrap();
+        assert_eq!((l.size, l.field("from").offset, l.field("until").offset), (Held::SIZE, 0, 8));
+        let b = Held::open(7).to_bytes();
+        assert_eq!((b.len(), &b[..8], &b[8..]), (Held::SIZE, &7u64.to_ne_bytes()[..], &u64::MAX.to_ne_bytes()[..]));
+        let v: Vec<u8> = [3u64, 9, 4].iter().flat_map(|x| x.to_ne_bytes()).collect();
+        assert_eq!(percpu_max(&v, 3), 9);
+        assert_eq!(percpu_max(&v, 1), 3);
+        assert_eq!(percpu_max(&v[..5], 3), 0);
     }
 
     #[test]
     fn every_plan_renders() {
         for (flush, rq) in [(Some("fail_scsi_task"), true), (None, false)] {
             let p = StatesPlan::with(flush, rq);
-            let c = p.render(true, (8, 24, 28)).unwrap();
-            assert!(c.contains("#define RQ_ERROR_OFF 28LL") && c.contains("#define RQ_NR_SECTOR_OFF 24LL") && !c.contains("{{"));
+            let c = p.render(true).unwrap();
+            assert!(c.contains("#define USE_RINGBUF 1") && !c.contains("{{"));
             assert_eq!(p.notes.len(), (flush.is_none() as usize) + (!rq as usize));
         }
     }

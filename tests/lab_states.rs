@@ -228,6 +228,19 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
         }
     }
 
+    // The longest request held up by either cut, from its start to its
+    // final completion: in cut 1 fio's longest I/O (retried after the
+    // relogin), in cut 2 the oldest in flight at the stop, failed at the
+    // recovery timeout (fio does not time failed I/Os).
+    let stop2 = of(&ev, sid as u64, "conn_stop", on2, relogin2 + 2_000_000_000)[0];
+    let timeout2 = of(&ev, sid as u64, "recovery_timeout", on2, relogin2 + 2_000_000_000)[0];
+    let cut2 = stop2.u64("oldest_ns") + timeout2.u64("ts_ns").saturating_sub(stop2.u64("ts_ns"));
+    let want = fio1.1.max(cut2);
+    let row = out.stderr.lines().find(|l| l.split_whitespace().next() == Some(&sid.to_string())).unwrap_or_else(|| panic!("no summary row for session {sid}: {}", out.stderr));
+    let longest: f64 = row.split_whitespace().nth(6).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no LONGEST in the summary row: {row}"));
+    println!("LONGEST {longest:.3} s; cut 1: fio max latency {:.3} s; cut 2: oldest at the stop + stop to timeout = {:.3} s", secs(fio1.1), secs(cut2));
+    assert!((longest - secs(want)).abs() <= 1.0, "LONGEST {longest:.3} s is not the longest held request ({:.3} s) within 1 s", secs(want));
+
     // 3. Logout and login: no failure.
     let late = |k: &str| of(&ev, sid as u64, k, t3, t_end).len() + of(&ev, s1b.sid as u64, k, t3, t_end).len();
     assert_eq!(late("conn_error"), 0, "a logout is not a failure");

@@ -5,16 +5,15 @@
 use clap::Parser;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use storprototrace::blockdev::BlockDevs;
 use storprototrace::cli::{self, Common};
 use storprototrace::filters::Filters;
 use storprototrace::kernel::Kernel;
 use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out};
 use storprototrace::runner::{self, Events, Stop};
-use storprototrace::states::{self, Kind, SessionInfo, Shown, StateEvent, StatesPlan, Tracker};
+use storprototrace::states::{self, Held, Kind, SessionInfo, Shown, StateEvent, StatesPlan, Tracker};
 use storprototrace::topology::Topology;
-use storprototrace::{error, kernel_types, prom, Error, Result};
+use storprototrace::{error, kernel_types, prom, Result};
 
 const ABOUT: &str = "Trace iSCSI session and connection state changes: failures, recovery, logout and login.
 
@@ -32,8 +31,13 @@ One line per event, when the kernel makes it:
   unblocked         -> LOGGED_IN: how long the session was blocked, commands requeued
                     by SCSI to be sent again, I/O requests failed to the block layer
   logout            -> LOGGED_OUT: an administrator's logout (not a failure)
-Only control paths are probed; the per-I/O error count (block:block_rq_complete)
-is attached at the first failure. At exit: a summary per session.";
+Only control paths are probed; the one per-I/O probe (raw tracepoint
+block_rq_complete: I/O errors, and the longest request held up) is attached at
+the first failure. At exit: a summary per session, with LONGEST: the longest
+time a request held up by a recovery took from its start (where iostat's await
+counts from) to its final completion, retried or failed (commands retried after
+the relogin complete after the unblocked line, so it is in the summary only);
+'-' where no request was held up or the probe could not be attached.";
 
 const EXAMPLES: &str = "examples:
     iscstates                      # every session's events
@@ -66,12 +70,6 @@ fn main() {
     error::exit_with("iscstates", cli::parse::<Args>().and_then(run));
 }
 
-/// The block_rq_complete record offsets of this kernel (those of 5.10 to
-/// 7.3 where tracefs cannot say: --ebpf only).
-fn rq_offsets(kernel: &Kernel) -> Option<(u32, u32, u32)> {
-    kernel.tracepoint_format("block", "block_rq_complete").and_then(|f| states::rq_complete_offsets(&f))
-}
-
 fn run(args: Args) -> Result<()> {
     let duration = args.common.duration()?;
     let filters = Filters { sid: args.sid, target: args.target.clone(), ..Default::default() };
@@ -83,7 +81,7 @@ fn run(args: Args) -> Result<()> {
     if args.common.ebpf {
         let plan = StatesPlan::choose(&kernel).unwrap_or_else(|_| StatesPlan::assume_all());
         let ringbuf = kernel.ringbuf || kernel.function_count() == 0;
-        println!("{}", kernel_types::program(types.as_ref().ok(), &plan.render(ringbuf, rq_offsets(&kernel).unwrap_or((8, 24, 28)))?));
+        println!("{}", kernel_types::program(types.as_ref().ok(), &plan.render(ringbuf)?));
         return Ok(());
     }
     let sys = Path::new("/sys");
@@ -94,23 +92,22 @@ fn run(args: Args) -> Result<()> {
     }
     runner::preflight(&kernel, true)?;
     let plan = StatesPlan::choose(&kernel)?;
-    let offsets = rq_offsets(&kernel).ok_or_else(|| Error::env("no block:block_rq_complete tracepoint format in tracefs"))?;
     if args.common.verbose {
         eprintln!("kernel {}: functions from {:?}, ring buffer: {}, {}, kprobes (control paths only)", kernel.release, kernel.source, kernel.ringbuf, kernel_types::describe(&types));
         for p in &plan.probes {
             eprintln!("probe {}", p.describe());
         }
-        eprintln!("probe tracepoint:block:block_rq_complete -> rq_complete (attached at the first failure)");
+        eprintln!("probe raw_tracepoint:block_rq_complete -> rq_done (attached at the first failure)");
     }
     for n in &plan.notes {
         eprintln!("iscstates: note: {n}");
     }
-    let mut bpf = runner::compile(&kernel, &kernel_types::program(types.as_ref().ok(), &plan.render(kernel.ringbuf, offsets)?))?;
+    let mut bpf = runner::compile(&kernel, &kernel_types::program(types.as_ref().ok(), &plan.render(kernel.ringbuf)?))?;
     let _links = runner::attach(&mut bpf, &plan.probes, &mut None)?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
 
-    let mut view = View { sessions: Sessions::new(sys, &topo), tracker: Tracker::new(plan.have_flush, plan.have_requeue), rq_attached: None, clock: Clock::start(), malformed: 0, shown: 0 };
+    let mut view = View { sessions: Sessions::new(sys, &topo), tracker: Tracker::new(plan.have_flush, plan.have_requeue), rq_attached: None, ncpus: maps::possible_cpus()?, clock: Clock::start(), malformed: 0, shown: 0 };
     for s in &topo.sessions {
         view.tracker.known(s.sid, &s.state);
     }
@@ -159,6 +156,7 @@ fn run(args: Args) -> Result<()> {
         }
     }
     write_prom(&view)?;
+    view.fold_longest(&bpf);
     let mut counters = bpf.table("counters")?;
     let lost = maps::counter(&mut counters, Counter::Lost) + view.malformed;
     if !out.closed() {
@@ -178,6 +176,7 @@ struct View {
     tracker: Tracker,
     /// block_rq_complete: None not yet, Some(false) could not attach.
     rq_attached: Option<bool>,
+    ncpus: usize,
     clock: Clock,
     malformed: u64,
     shown: u64,
@@ -187,31 +186,72 @@ impl View {
     fn take(&mut self, bpf: &mut bcc::BPF, e: &StateEvent) -> Option<Shown> {
         let opens = matches!(e.kind, Kind::ConnError | Kind::Block) || (e.kind == Kind::ConnStop && e.code == states::STOP_RECOVER);
         if opens && self.rq_attached.is_none() {
-            let r = bcc::Tracepoint::new().handler("rq_complete").subsystem("block").tracepoint("block_rq_complete").attach(bpf);
+            let r = bcc::RawTracepoint::new().handler("rq_done").tracepoint("block_rq_complete").attach(bpf);
             if let Err(err) = &r {
-                eprintln!("iscstates: note: cannot attach block:block_rq_complete ({err}): failed commands show '-'");
+                eprintln!("iscstates: note: cannot attach raw tracepoint block_rq_complete ({err}): failed commands and LONGEST show '-'");
             }
             self.rq_attached = Some(r.is_ok());
         }
-        let errors = match (opens || e.kind == Kind::Unblock, self.rq_attached) {
-            (true, Some(true)) => self.errors(bpf, e.sid),
+        let host = self.sessions.host(e.sid);
+        // The window of the episode, for the requests it holds up: opened
+        // at its first event, closed at the unblock.
+        let window = match (self.tracker.episodes.get(&e.sid), e.kind) {
+            (None, _) if opens => {
+                if let Some(h) = host {
+                    self.fold_host(bpf, h, e.sid);
+                }
+                Some(Held::open(e.ts))
+            }
+            (Some(ep), Kind::Unblock) => Some(Held { from: ep.start, until: e.ts }),
+            _ => None,
+        };
+        if let (Some(h), Some(w), Some(true)) = (host, window, self.rq_attached) {
+            if let Ok(mut t) = bpf.table("held") {
+                let _ = t.set(&mut h.to_ne_bytes().to_vec(), &mut w.to_bytes());
+            }
+        }
+        let errors = match (opens || e.kind == Kind::Unblock, self.rq_attached, host) {
+            (true, Some(true), Some(h)) => self.errors(bpf, h),
             _ => None,
         };
         self.tracker.take(e, errors)
     }
 
-    /// I/O errors so far on the disks of session `sid`.
-    fn errors(&mut self, bpf: &bcc::BPF, sid: u32) -> Option<u64> {
+    /// I/O errors so far on SCSI host `host` (one per iSCSI session).
+    fn errors(&self, bpf: &bcc::BPF, host: u32) -> Option<u64> {
         let mut t = bpf.table("rq_errors").ok()?;
-        Some(self.sessions.devs(sid).iter().map(|d| t.get(&mut d.to_ne_bytes().to_vec()).map(|v| maps::first_u64(&v)).unwrap_or(0)).sum())
+        Some(t.get(&mut host.to_ne_bytes().to_vec()).map(|v| maps::first_u64(&v)).unwrap_or(0))
+    }
+
+    /// The longest request the last episode of `host` held up, into the
+    /// session's totals; the slot starts again for the next episode.
+    fn fold_host(&mut self, bpf: &bcc::BPF, host: u32, sid: u32) {
+        let Ok(mut t) = bpf.table("held_longest") else { return };
+        let mut key = host.to_ne_bytes().to_vec();
+        if let Ok(v) = t.get(&mut key) {
+            let longest = states::percpu_max(&v, self.ncpus);
+            let total = self.tracker.totals.entry(sid).or_default();
+            total.longest_held_ns = Some(total.longest_held_ns.unwrap_or(0).max(longest));
+            let _ = t.delete(&mut key);
+        }
+    }
+
+    /// At exit: every session's last episode.
+    fn fold_longest(&mut self, bpf: &bcc::BPF) {
+        let sids: Vec<u32> = self.tracker.totals.keys().copied().collect();
+        for sid in sids {
+            if let Some(h) = self.sessions.host(sid) {
+                self.fold_host(bpf, h, sid);
+            }
+        }
     }
 }
 
-/// Names, SCSI host and disks of each session, from sysfs; kept after a
-/// session is gone (its logout is shown after sysfs dropped it).
+/// Names and SCSI host of each session, from sysfs; kept after a session
+/// is gone (its logout is shown after sysfs dropped it).
 struct Sessions {
     sys: PathBuf,
-    known: HashMap<u32, (SessionInfo, u32, Vec<u32>)>,
+    known: HashMap<u32, (SessionInfo, u32)>,
 }
 
 impl Sessions {
@@ -223,8 +263,7 @@ impl Sessions {
 
     fn learn(&mut self, topo: &Topology) {
         for s in &topo.sessions {
-            let devs = s.luns.iter().filter_map(|l| l.disk.as_deref()).filter_map(|d| BlockDevs::disk_dev(&self.sys, "disk", d).ok()).collect();
-            self.known.insert(s.sid, (SessionInfo { target: s.target.clone(), portal: s.portal() }, s.host, devs));
+            self.known.insert(s.sid, (SessionInfo { target: s.target.clone(), portal: s.portal() }, s.host));
         }
     }
 
@@ -246,17 +285,19 @@ impl Sessions {
         self.info(sid)
     }
 
+    /// The session's SCSI host (one per iSCSI session).
+    fn host(&mut self, sid: u32) -> Option<u32> {
+        if !self.known.contains_key(&sid) {
+            self.refresh();
+        }
+        self.known.get(&sid).map(|k| k.1)
+    }
+
     fn sid_of_host(&mut self, host: u32) -> Option<u32> {
-        let find = |k: &HashMap<u32, (SessionInfo, u32, Vec<u32>)>| k.iter().find(|(_, v)| v.1 == host).map(|(s, _)| *s);
+        let find = |k: &HashMap<u32, (SessionInfo, u32)>| k.iter().find(|(_, v)| v.1 == host).map(|(s, _)| *s);
         find(&self.known).or_else(|| {
             self.refresh();
             find(&self.known)
         })
-    }
-
-    /// The session's disks, read again (LUNs appear after a login).
-    fn devs(&mut self, sid: u32) -> Vec<u32> {
-        self.refresh();
-        self.known.get(&sid).map(|k| k.2.clone()).unwrap_or_default()
     }
 }
