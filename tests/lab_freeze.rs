@@ -173,19 +173,6 @@ fn poll_state(sid: u32, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, 
     (h, log)
 }
 
-/// `[  123.456789] text` lines of the kernel log containing `what`, as ns since boot.
-fn kernel_log(what: &str) -> Vec<u64> {
-    sh("dmesg")
-        .lines()
-        .filter(|l| l.contains(what))
-        .filter_map(|l| {
-            let ts = l.strip_prefix('[')?.split(']').next()?.trim();
-            let (s, frac) = ts.split_once('.')?;
-            Some(s.parse::<u64>().ok()? * 1_000_000_000 + frac.parse::<u64>().ok()? * 1000)
-        })
-        .collect()
-}
-
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn connection_loss_is_a_quiesce_from_failure_to_relogin() {

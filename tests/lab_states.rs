@@ -22,19 +22,6 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-/// `[  123.456789] text` lines of the kernel log containing `what`, as ns since boot.
-fn kernel_log(what: &str) -> Vec<u64> {
-    sh("dmesg")
-        .lines()
-        .filter(|l| l.contains(what))
-        .filter_map(|l| {
-            let ts = l.strip_prefix('[')?.split(']').next()?.trim();
-            let (s, frac) = ts.split_once('.')?;
-            Some(s.parse::<u64>().ok()? * 1_000_000_000 + frac.parse::<u64>().ok()? * 1000)
-        })
-        .collect()
-}
-
 /// All iSCSI traffic on lo dropped except that of the connection on local
 /// port `keep` (the session that must stay up): a prio qdisc whose third
 /// band is netem loss 100%, filled by u32 filters. Removed when dropped.
@@ -133,6 +120,7 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
     let d = lab.disks[0].clone();
     let sid = sid_of(&d);
     let s1 = topo.session(sid).unwrap().clone();
+    let disks: Vec<String> = s1.luns.iter().filter_map(|l| l.disk.clone()).collect();
     let other = topo.sessions.iter().find(|s| s.sid != sid).expect("a second session").clone();
     let keep = local_port(other.sid);
     let prom_dir = tempfile::tempdir().unwrap();
@@ -203,8 +191,18 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
             assert!((fio.1 as f64 - (oldest + blocked) as f64).abs() <= 1e9, "oldest age + blocked time = fio's max latency, within 1 s");
             assert!(stop[0].u64("in_flight") > 0, "fio had commands in flight");
             assert_eq!(u.u64("requeued"), stop[0].u64("in_flight"), "the commands in flight at the failure are the ones requeued");
-            assert_eq!(u.u64("failed"), 0, "nothing failed");
             assert_eq!(fio.0, 0, "fio saw no error");
+            // fio's requests did not fail; another reader's may have (a
+            // readahead is failfast: it fails during recovery instead of
+            // waiting; seen once on trixie, 2026-12-01): the kernel logs
+            // each failed request of the session's disks ("I/O error, dev").
+            let logged: Vec<String> = kernel_log_lines("I/O error, dev")
+                .into_iter()
+                .filter(|(t, l)| *t >= on && *t <= end && disks.iter().any(|d| l.contains(&format!("dev {d},"))))
+                .map(|(_, l)| l)
+                .collect();
+            println!("cut 1: {} failed requests counted; the kernel logged {} on the session's disks {disks:?}: {logged:?}", u.u64("failed"), logged.len());
+            assert_eq!(u.u64("failed"), logged.len() as u64, "cut 1: failed requests counted against the kernel's log of them");
             assert!(of(&ev, sid as u64, "recovery_timeout", on, end).is_empty());
         } else {
             let t = of(&ev, sid as u64, "recovery_timeout", on, end);

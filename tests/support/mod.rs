@@ -487,3 +487,22 @@ impl Drop for SlowLun {
         )).output();
     }
 }
+
+/// `[  123.456789] text` lines of the kernel log containing `what`: (ns
+/// since boot, the line).
+pub fn kernel_log_lines(what: &str) -> Vec<(u64, String)> {
+    sh("dmesg")
+        .lines()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            let ts = l.strip_prefix('[')?.split(']').next()?.trim();
+            let (s, frac) = ts.split_once('.')?;
+            Some((s.parse::<u64>().ok()? * 1_000_000_000 + frac.parse::<u64>().ok()? * 1000, l.to_string()))
+        })
+        .collect()
+}
+
+/// The times (ns since boot) of the kernel log's lines containing `what`.
+pub fn kernel_log(what: &str) -> Vec<u64> {
+    kernel_log_lines(what).into_iter().map(|(t, _)| t).collect()
+}
