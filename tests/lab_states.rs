@@ -192,23 +192,20 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
             assert!(stop[0].u64("in_flight") > 0, "fio had commands in flight");
             assert_eq!(u.u64("requeued"), stop[0].u64("in_flight"), "the commands in flight at the failure are the ones requeued");
             assert_eq!(fio.0, 0, "fio saw no error");
-            // fio's requests did not fail; another reader's may have (a
-            // readahead is failfast: it fails during recovery instead of
-            // waiting; seen once on trixie, 2026-12-01): the kernel logs
-            // each failed request of the session's disks ("I/O error, dev").
-            let logged: Vec<String> = kernel_log_lines("I/O error, dev")
-                .into_iter()
-                .filter(|(t, l)| *t >= on && *t <= end && disks.iter().any(|d| l.contains(&format!("dev {d},"))))
-                .map(|(_, l)| l)
-                .collect();
-            let (failed, logged_n) = (u.u64("failed"), logged.len() as u64);
-            println!("cut 1: {failed} failed requests counted; the kernel logged {logged_n} on the session's disks {disks:?}: {logged:?}");
-            // As in cut 2, one unexplained request is allowed, and said: the
-            // CI run of 2026-12-01 (trixie, 7.3) counted 1 where fio saw none.
-            if failed != logged_n {
-                println!("cut 1: MISCOUNT: iscstates counted {failed} failed requests, the kernel logged {logged_n}");
+            // fio's requests did not fail. The CI run of 2026-12-01 (trixie,
+            // 7.3) counted 1 failed request all the same, unexplained (as
+            // cut 2's one missing): one is allowed, and said, with the
+            // kernel's own "I/O error" lines for the session's disks.
+            let failed = u.u64("failed");
+            if failed != 0 {
+                let logged: Vec<String> = kernel_log_lines("I/O error, dev")
+                    .into_iter()
+                    .filter(|(t, l)| *t >= on && *t <= end && disks.iter().any(|d| l.contains(&format!("dev {d},"))))
+                    .map(|(_, l)| l)
+                    .collect();
+                println!("cut 1: MISCOUNT: iscstates counted {failed} failed requests, fio saw none; the kernel's I/O error lines for {disks:?} then: {logged:?}");
             }
-            assert!(failed >= logged_n && failed - logged_n <= 1, "cut 1: failed requests counted ({failed}) against the kernel's log of them ({logged_n}), within the one unexplained");
+            assert!(failed <= 1, "cut 1: {failed} failed requests where fio saw none (one unexplained allowed)");
             assert!(of(&ev, sid as u64, "recovery_timeout", on, end).is_empty());
         } else {
             let t = of(&ev, sid as u64, "recovery_timeout", on, end);
