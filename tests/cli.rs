@@ -234,5 +234,5 @@ fn iscstates_ebpf_needs_no_root_and_reads_only_numbers() {
     let out = iscstates(&["--ebpf", "--target", "x\"; evil"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let c = String::from_utf8_lossy(&out.stdout);
-    assert!(c.contains("int conn_error(") && c.contains("int rq_complete(") && !c.contains("evil"), "{c}");
+    assert!(c.contains("int conn_error(") && c.contains("int rq_done(") && !c.contains("evil"), "{c}");
 }
