@@ -13,7 +13,7 @@
  * @struct scsi_cmnd device
  * @struct scsi_device host request_queue
  * @struct Scsi_Host host_no
- * @struct request start_time_ns q
+ * @struct request start_time_ns q cmd_flags
  * @enum ISCSI_TASK_COMPLETED ISCSI_TASK_PENDING ISCSI_TASK_FREE
  */
 #if !BTF_TYPES
@@ -258,10 +258,15 @@ int rq_done(struct bpf_raw_tracepoint_args *ctx)
     struct request *rq = (struct request *)ctx->args[0];
     u32 error = (u32)ctx->args[1];
     u32 nr_bytes = (u32)ctx->args[2];
-    /* Requests of the block layer's users only: a passthrough request (the
-     * SCSI midlayer's own commands, e.g. iscsid's rescan after a relogin)
-     * carries less than a sector (the tracepoint's nr_sector 0). */
-    if ((nr_bytes >> 9) == 0)
+    /* Requests of the block layer's users only, ending: not a passthrough
+     * request (the SCSI midlayer's own commands, e.g. iscsid's rescan
+     * after a relogin: REQ_OP_DRV_IN/OUT 34/35, on 5.10 also
+     * REQ_OP_SCSI_IN/OUT 32/33, in the low 8 bits of cmd_flags), and not
+     * the call that completes no bytes of a command SCSI then retries. */
+    u32 flags = 0;
+    bpf_probe_read_kernel(&flags, sizeof(flags), &rq->cmd_flags);
+    u32 op = flags & 0xff;
+    if ((op >= 32 && op <= 35) || nr_bytes == 0)
         return 0;
     /* blk_mq_rq_to_pdu: a SCSI request's scsi_cmnd follows it. Another
      * driver keeps something else there: a SCSI request is one whose
