@@ -411,6 +411,13 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     let slowed = job(&slow.disk, 50);
     let slow_sid = slow.sid as u64;
     let slow_disk = slow.disk.clone();
+    // 6. A slow link: writes queue in TCP behind each other; the wait to be
+    // sent is the network's, not the target's.
+    let rbs: u64 = if wbytes == 262_144 { 393_216 } else { 262_144 };
+    let rated = {
+        let _rate = Netem::add("rate 40mbit");
+        fio(&d2, "randwrite", 48, 16, &[&format!("--bs={rbs}")])
+    };
     let port = std::fs::read_to_string(format!("/sys/class/iscsi_connection/connection{}:0/local_port", s2.sid)).ok().and_then(|p| p.trim().parse::<u16>().ok());
     let before = iscsi_socket_retrans();
     let lossy = {
@@ -476,6 +483,17 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
         // floor comes on top, as with the network knob alone).
         assert!(dtarget >= 0.85 * want_target, "{what}, both knobs: TARGET grew {:.3} ms, less than 85% of the target's {:.3} ms", dtarget / 1e6, want_target / 1e6);
     }
+
+    // 6. The rate-limited writes: the target's time is what LIO takes on a
+    // RAM-backed LUN (about a millisecond here), RESP is the queue behind
+    // the link: TARGET under 20% of RESP.
+    let rc: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == s2.sid as u64 && c.str("disk") == d2 && c.str("dir") == "W" && c.u64("bytes") == rbs).collect();
+    let (resp, net, target) = (mean_of(&rc, "resp_ns"), mean_of(&rc, "net_ns"), mean_of(&rc, "target_ns"));
+    println!("netem rate 40mbit, {} KiB writes at iodepth 16: fio {} writes, clat mean {:.3} ms; isclatency {} commands, RESP mean {:.3} = NET {:.3} + TARGET {:.3} ms (TARGET {:.1}% of RESP)",
+        rbs / 1024, rated.writes, rated.write_clat_mean_ns / 1e6, rc.len(), resp / 1e6, net / 1e6, target / 1e6, 100.0 * target / resp);
+    assert_eq!(rc.len() as u64, rated.writes, "rate-limited writes: isclatency's count against fio's");
+    assert!(rc.iter().all(|c| !c["net_ns"].is_null()), "rate-limited writes: every command split");
+    assert!(target < 0.2 * resp, "rate-limited writes: TARGET {:.3} ms is not under 20% of RESP {:.3} ms", target / 1e6, resp / 1e6);
 
     // iscstat's NET and TARGET agree with isclatency's over the same commands.
     let rows = st.json();
