@@ -259,10 +259,10 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
     let labels = format!("sid=\"{sid}\",target=\"{}\"", s1.target);
     assert_eq!(value(&format!("iscsi_connection_failures_total{{{labels},reason=\"NOP_TIMEDOUT\"}}")), 2.0);
     // The textfile says what the events say (and fio, within the one above).
-    let failed_events: u64 = of(&ev, sid as u64, "unblocked", t0, t_end).iter().chain(of(&ev, sid as u64, "recovery_timeout", t0, t_end).iter()).filter_map(|e| e.path("failed").as_u64()).sum();
+    let failed_events: u64 = of(&ev, sid as u64, "unblocked", t0, t_end).iter().chain(of(&ev, sid as u64, "recovery_timeout", t0, t_end).iter()).filter_map(|e| e.get("failed").and_then(|v| v.as_u64())).sum();
     let failed_prom = value(&format!("iscsi_commands_failed_total{{{labels}}}"));
     assert!(failed_prom <= fio2.0 as f64 && fio2.0 as f64 - failed_prom <= 1.0, "textfile failed {failed_prom} vs fio's {} errors (events: {failed_events})", fio2.0);
-    let blocked: u64 = of(&ev, sid as u64, "unblocked", t0, t_end).iter().filter_map(|e| e.path("blocked_ns").as_u64()).sum();
+    let blocked: u64 = of(&ev, sid as u64, "unblocked", t0, t_end).iter().filter_map(|e| e.get("blocked_ns").and_then(|v| v.as_u64())).sum();
     assert!((value(&format!("iscsi_session_blocked_seconds_total{{{labels}}}")) - secs(blocked)).abs() < 1e-6);
     assert_eq!(out.summary("events lost"), 0);
 }
