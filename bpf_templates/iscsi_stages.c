@@ -28,12 +28,8 @@
  * minimum, tcp_min_rtt) for each exchange with the target, plus the data
  * transfer the initiator sees (first Data-In to the end for reads; R2T to
  * the last Data-Out handed to TCP for writes); TARGET is the rest:
- *   read / no R2T:  NET = min(rx - sent, RTT + Q(sent)) + (done - rx)
- *   write with R2T: NET = min(rx - sent, RTT + Q(sent)) + (dout - rx)
- *                         + min(done - dout, RTT + Q(dout))
- * where Q(t) is how long TCP needed, at time t, to send what it still held
- * unsent (sock_drain_ns: the bytes queued ahead, e.g. behind a slow link,
- * at the connection's delivery rate).
+ *   read / no R2T:  NET = min(rx - sent, RTT) + (done - rx)
+ *   write with R2T: NET = min(rx - sent, RTT) + (dout - rx) + min(done - dout, RTT)
  * A command with no PDU back seen, or no socket (not iscsi_tcp), or no RTT
  * sample yet, is not split (counted, shown as '-'). RETX: the socket's
  * total_retrans at completion minus at PDU preparation: TCP segments
@@ -53,7 +49,7 @@
  * @struct iscsi_transport name
  * @struct iscsi_tcp_conn dd_data in.hdr
  * @struct socket sk
- * @struct tcp_sock total_retrans rtt_min write_seq snd_nxt mss_cache rate_delivered rate_interval_us
+ * @struct tcp_sock total_retrans rtt_min
  * @enum DMA_FROM_DEVICE DMA_TO_DEVICE ISCSI_TASK_COMPLETED ISCSI_TASK_PENDING
  */
 #if !BTF_TYPES
@@ -116,8 +112,6 @@ struct inflight {
     u64 ts_sent;
     u64 ts_rx;
     u64 ts_dout;
-    u64 drain_sent;  /* ns TCP needed to send what it still held at ts_sent */
-    u64 drain_dout;  /* the same at ts_dout */
     u64 sk;
     u64 lun;
     u32 host;
@@ -271,30 +265,6 @@ static __always_inline u64 conn_sock(struct iscsi_conn *conn, struct iscsi_cls_s
     return (u64)sk;
 }
 
-/* How long TCP needs to send what it still holds unsent (write_seq -
- * snd_nxt: what was just handed to it and what queued ahead of it, e.g.
- * behind a slow or rate-limited link) at the connection's delivery rate:
- * its latest sample, rate_delivered segments of mss_cache bytes in
- * rate_interval_us (tcp_info's delivery_rate). 0: nothing unsent, or no
- * sample yet. */
-static __always_inline u64 sock_drain_ns(u64 sk)
-{
-    struct tcp_sock *tp = (struct tcp_sock *)sk;
-    u32 write_seq = 0, snd_nxt = 0, delivered = 0, interval = 0, mss = 0;
-    bpf_probe_read_kernel(&write_seq, sizeof(write_seq), &tp->write_seq);
-    bpf_probe_read_kernel(&snd_nxt, sizeof(snd_nxt), &tp->snd_nxt);
-    u32 unsent = write_seq - snd_nxt;
-    if (unsent == 0 || unsent > (1U << 30))
-        return 0;
-    bpf_probe_read_kernel(&delivered, sizeof(delivered), &tp->rate_delivered);
-    bpf_probe_read_kernel(&interval, sizeof(interval), &tp->rate_interval_us);
-    bpf_probe_read_kernel(&mss, sizeof(mss), &tp->mss_cache);
-    if (delivered == 0 || interval == 0 || mss == 0)
-        return 0;
-    /* in us first: unsent * interval stays below 2^62 */
-    return (u64)unsent * interval / ((u64)delivered * mss) * 1000;
-}
-
 /* The socket's own count of retransmitted segments (what ss -ti shows). */
 static __always_inline u32 sock_retrans(u64 sk)
 {
@@ -332,19 +302,10 @@ static __always_inline int stage_xmit_done(u64 key, int ret)
     struct inflight *f = inflight.lookup(&key);
     if (!f || f->ts_prep == 0)
         return 0;
-    if (f->ts_sent == 0) {
+    if (f->ts_sent == 0)
         f->ts_sent = bpf_ktime_get_ns();
-#if HAVE_RX
-        if (f->sk)
-            f->drain_sent = sock_drain_ns(f->sk);
-#endif
-    } else if (f->ts_rx) {
+    else if (f->ts_rx)
         f->ts_dout = bpf_ktime_get_ns();   /* Data-Out answering an R2T */
-#if HAVE_RX
-        if (f->sk)
-            f->drain_dout = sock_drain_ns(f->sk);
-#endif
-    }
     return 0;
 }
 
@@ -447,14 +408,11 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
         u64 rtt = (u64)f->rtt_us * 1000;
         u64 rx = f->ts_rx < sent ? sent : (f->ts_rx > now ? now : f->ts_rx);
         u64 first = rx - sent;
-        /* each exchange: a round trip, after TCP sent what it held */
-        u64 cap = rtt + f->drain_sent;
-        u64 net = first < cap ? first : cap;
+        u64 net = first < rtt ? first : rtt;
         if (HAVE_R2T ? f->r2t > 0 : f->rx_op == ISCSI_OP_R2T) {
             u64 dout = f->ts_dout < rx ? rx : (f->ts_dout > now ? now : f->ts_dout);
             u64 last = now - dout;
-            cap = rtt + f->drain_dout;
-            net += (dout - rx) + (last < cap ? last : cap);
+            net += (dout - rx) + (last < rtt ? last : rtt);
         } else {
             net += now - rx;
         }

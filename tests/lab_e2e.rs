@@ -356,8 +356,7 @@ fn iscsi_socket_retrans() -> BTreeMap<u16, u64> {
 /// LUN on dm-delay (SlowLun), which must grow TARGET by what it really adds
 /// to fio's latency and leave NET alone. Both at once: each column its own,
 /// and at iodepth 32 on both targets together exact counts, every command
-/// split, NET netem's round trip. On a 40 Mbit/s link, writes queued in TCP
-/// are NET, not TARGET. Then under 2% loss the retransmits iscstat counts per connection are the
+/// split, NET netem's round trip. Then under 2% loss the retransmits iscstat counts per connection are the
 /// socket's own. One start of each tool for all of it. Sessions log in
 /// again under the delay: the floor RTT is TCP's minimum, which an
 /// established connection keeps when the RTT rises (isclatency --help).
@@ -412,13 +411,6 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     let slowed = job(&slow.disk, 50);
     let slow_sid = slow.sid as u64;
     let slow_disk = slow.disk.clone();
-    // 6. A slow link: writes queue in TCP behind each other; the wait to be
-    // sent is the network's, not the target's.
-    let rbs: u64 = if wbytes == 262_144 { 393_216 } else { 262_144 };
-    let rated = {
-        let _rate = Netem::add("rate 40mbit");
-        fio(&d2, "randwrite", 48, 16, &[&format!("--bs={rbs}")])
-    };
     let port = std::fs::read_to_string(format!("/sys/class/iscsi_connection/connection{}:0/local_port", s2.sid)).ok().and_then(|p| p.trim().parse::<u16>().ok());
     let before = iscsi_socket_retrans();
     let lossy = {
@@ -482,24 +474,17 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
         assert!((dtarget - want_target).abs() <= 0.15 * want_target, "{what}: TARGET grew {:.3} ms, not {:.3} ms within 15%", dtarget / 1e6, want_target / 1e6);
         assert!(dnet.abs() < 1e6, "{what}: NET moved {:.3} ms with a delay inside the target", dnet / 1e6);
         // 3. Both knobs: each column shows its own.
-        let (dnet, dtarget) = (bo[i].0 - p2[i].0, bo[i].1 - p2[i].1);
-        println!("{what}, both knobs: NET grew {:.3} ms (want {:.3}), TARGET grew {:.3} ms (want {:.3})", dnet / 1e6, want_net / 1e6, dtarget / 1e6, want_target / 1e6);
+        // NET against the plain LUN without delay; TARGET against the plain
+        // LUN under the same delay, by what dm-delay added to fio's latency
+        // in this phase (it waits in timer ticks: the delay differs from
+        // one phase to the next, 11.1 against 12.5 ms in one run).
+        let dnet = bo[i].0 - p2[i].0;
+        let (dtarget, want_both) = (bo[i].1 - n[i].1, fio_clat(&both, i) - fio_clat(&delayed, i));
+        println!("{what}, both knobs: NET grew {:.3} ms (want {:.3}); TARGET {:.3} ms above the plain LUN's under the same delay (fio's latency {:.3} ms above; {:.3} ms without the delay)", dnet / 1e6, want_net / 1e6, dtarget / 1e6, want_both / 1e6, want_target / 1e6);
         assert!((dnet - want_net).abs() <= 0.15 * want_net, "{what}, both knobs: NET grew {:.3} ms, not {:.3} ms within 15%", dnet / 1e6, want_net / 1e6);
-        // At least the target's own delay (the network's jitter above its
-        // floor comes on top, as with the network knob alone).
-        assert!(dtarget >= 0.85 * want_target, "{what}, both knobs: TARGET grew {:.3} ms, less than 85% of the target's {:.3} ms", dtarget / 1e6, want_target / 1e6);
+        assert!(want_both > 2e6, "{what}, both knobs: dm-delay added only {:.3} ms", want_both / 1e6);
+        assert!((dtarget - want_both).abs() <= 0.15 * want_both, "{what}, both knobs: TARGET {:.3} ms above the plain LUN's, not fio's {:.3} ms within 15%", dtarget / 1e6, want_both / 1e6);
     }
-
-    // 6. The rate-limited writes: the target's time is what LIO takes on a
-    // RAM-backed LUN (about a millisecond here), RESP is the queue behind
-    // the link: TARGET under 20% of RESP.
-    let rc: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == s2.sid as u64 && c.str("disk") == d2 && c.str("dir") == "W" && c.u64("bytes") == rbs).collect();
-    let (resp, net, target) = (mean_of(&rc, "resp_ns"), mean_of(&rc, "net_ns"), mean_of(&rc, "target_ns"));
-    println!("netem rate 40mbit, {} KiB writes at iodepth 16: fio {} writes, clat mean {:.3} ms; isclatency {} commands, RESP mean {:.3} = NET {:.3} + TARGET {:.3} ms (TARGET {:.1}% of RESP)",
-        rbs / 1024, rated.writes, rated.write_clat_mean_ns / 1e6, rc.len(), resp / 1e6, net / 1e6, target / 1e6, 100.0 * target / resp);
-    assert_eq!(rc.len() as u64, rated.writes, "rate-limited writes: isclatency's count against fio's");
-    assert!(rc.iter().all(|c| !c["net_ns"].is_null()), "rate-limited writes: every command split");
-    assert!(target < 0.2 * resp, "rate-limited writes: TARGET {:.3} ms is not under 20% of RESP {:.3} ms", target / 1e6, resp / 1e6);
 
     // iscstat's NET and TARGET agree with isclatency's over the same commands.
     let rows = st.json();

@@ -20,13 +20,11 @@ Stages of each SCSI command in the iSCSI initiator (libiscsi):
   SEND   PDU preparation -> command PDU and any immediate/unsolicited data handed to TCP
   RESP   handed to TCP -> the response completes the task. For writes this
          includes waiting for R2Ts and sending the solicited Data-Out PDUs.
-  NET    RESP's network share: for each exchange with the target (command
-         -> first PDU back; for writes with R2T also Data-Out -> response)
-         the time TCP needed to send what it still held when the PDU was
-         handed to it (bytes queued ahead, at the connection's delivery
-         rate) plus one round trip at the connection's floor RTT, capped at
-         what the exchange took; plus the data transfer the initiator sees
-         (first Data-In -> end for reads; R2T -> last Data-Out handed to TCP).
+  NET    RESP's network share: one round trip at the connection's floor RTT
+         per exchange with the target, each capped at what it took (command
+         -> first PDU back; for writes with R2T also Data-Out -> response),
+         plus the data transfer the initiator sees (first Data-In -> end for
+         reads; R2T -> last Data-Out handed to TCP for writes).
   TARGET = RESP - NET: the target's service time (and whatever else the
          floor RTT does not explain).
   TOTAL  = WAIT + SEND + RESP
@@ -37,9 +35,9 @@ the lowest of the last net.ipv4.tcp_min_rtt_wlen seconds, 300 by default,
 delayed ACKs left out), not srtt, which delayed ACKs piggybacked on the
 target's answers fill with target time. Limits: when the network's RTT
 rises, NET follows only as old samples leave that window (the rise shows as
-TARGET meanwhile); data queued in the network itself (a switch, a qdisc
-past TCP), the target's queue ahead of a read's first Data-In, and the
-network's jitter above its minimum RTT count as TARGET. NET and TARGET show '-' for a command with no PDU
+TARGET meanwhile); data queued in TCP's send buffer or in the network ahead
+of a write's Data-Out, the target's queue ahead of a read's first Data-In,
+and the network's jitter above its minimum RTT count as TARGET. NET and TARGET show '-' for a command with no PDU
 back seen, not on iscsi_tcp, or before the connection's first RTT sample;
 the summary counts them.
 COMM/PID is the context that dispatched the command to the driver: often the
