@@ -129,6 +129,13 @@ impl Topology {
             .and_then(|l| l.disk.as_deref())
     }
 
+    /// Whether this topology names session `sid` on SCSI host `host` with
+    /// LUN `lun` and its disk; false means it is stale for that row (a
+    /// login, or a LUN's disk that appeared, since it was read).
+    pub fn knows(&self, sid: u32, host: u32, lun: u64) -> bool {
+        self.session(sid).map(|s| s.host == host && s.luns.iter().any(|l| l.lun == lun && l.disk.is_some())).unwrap_or(false)
+    }
+
     /// One line per session for error messages: `1 (iqn..., host 2, sda sdb)`.
     pub fn describe(&self) -> String {
         if self.sessions.is_empty() {
@@ -221,6 +228,8 @@ mod tests {
         assert_eq!(t.disk_name(s2.host, l.channel, l.id, 1), Some(d.as_str()));
         assert!(t.disk("sdzz").is_none());
         assert!(t.describe().contains("sid 2"));
+        assert!(t.knows(2, s2.host, 1) && t.knows(1, s1.host, 0));
+        assert!(!t.knows(3, s2.host, 0) && !t.knows(2, s1.host, 0) && !t.knows(2, s2.host, 7));
     }
 
     #[test]

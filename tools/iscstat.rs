@@ -3,6 +3,7 @@
 //! optionally percentiles and histograms. Aggregated in the kernel.
 
 use clap::Parser;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use storprototrace::cli::{self, Common};
 use storprototrace::exporter::{self, Exporter};
@@ -11,7 +12,7 @@ use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out, Unit};
 use storprototrace::runner::Stop;
 use storprototrace::stat_view::StatView;
-use storprototrace::stats::{self, Collector};
+use storprototrace::stats::{self, Collector, Row, RowKey};
 use storprototrace::topology::Topology;
 use storprototrace::{error, prom, stages, templates, Error, Result};
 
@@ -132,9 +133,14 @@ fn run(args: Args) -> Result<()> {
     };
     let mut topo = t.topo.clone();
     let mut tally = prom::Tally::new(prom.then(|| prom::Exposition::new(t.plan.have_sent, t.plan.have_rx)));
-    let take = |rows, topo: &mut Topology, tally: &mut prom::Tally| -> Result<()> {
-        if let Ok(now) = Topology::read(std::path::Path::new("/sys")) {
-            *topo = now;
+    let take = |rows: BTreeMap<RowKey, Row>, topo: &mut Topology, tally: &mut prom::Tally| -> Result<()> {
+        // sysfs is read again only for a row it does not describe (a
+        // login since): walking it every interval cost iscstat more CPU
+        // than its own rows under emulation.
+        if rows.keys().any(|k| !topo.knows(k.sid, k.host, k.lun)) {
+            if let Ok(now) = Topology::read(std::path::Path::new("/sys")) {
+                *topo = now;
+            }
         }
         tally.retrans.read(&t.bpf)?;
         tally.add(rows, topo, || t.health());
