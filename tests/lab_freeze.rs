@@ -7,7 +7,7 @@ mod support;
 use serde_json::Value;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use storprototrace::output::monotonic_ns;
 use support::*;
@@ -153,24 +153,6 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     println!("no switching: {} I/Os, {} freezes, {} quiesces, {fio_slow0} slow submissions by fio", r0.fio.ios(), r0.freezes.len(), r0.quiesces.len());
     assert_eq!(r0.freezes.len(), 0, "no freeze without a switch: {:?}", r0.freezes);
     assert_eq!(r0.quiesces.len(), 0, "no quiesce without a switch: {:?}", r0.quiesces);
-}
-
-/// Session state of a session, polled with CLOCK_MONOTONIC timestamps.
-fn poll_state(sid: u32, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, Arc<Mutex<Vec<(u64, String)>>>) {
-    let log = Arc::new(Mutex::new(Vec::<(u64, String)>::new()));
-    let l = log.clone();
-    let h = std::thread::spawn(move || {
-        while !stop.load(Ordering::SeqCst) {
-            let s = std::fs::read_to_string(format!("/sys/class/iscsi_session/session{sid}/state")).unwrap_or_default().trim().to_string();
-            let mut v = l.lock().unwrap();
-            if v.last().map(|(_, x)| x != &s).unwrap_or(true) {
-                v.push((monotonic_ns(), s));
-            }
-            drop(v);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-    (h, log)
 }
 
 #[test]

@@ -46,28 +46,6 @@ fn local_port(sid: u32) -> String {
     sh(&format!("cat /sys/class/iscsi_connection/connection{sid}:0/local_port")).trim().to_string()
 }
 
-fn state(sid: u32) -> String {
-    std::fs::read_to_string(format!("/sys/class/iscsi_session/session{sid}/state")).unwrap_or_default().trim().to_string()
-}
-
-/// Poll a session's sysfs state every 50 ms: (time, state) at each change.
-fn poll_state(sid: u32, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, Arc<Mutex<Vec<(u64, String)>>>) {
-    let log = Arc::new(Mutex::new(Vec::<(u64, String)>::new()));
-    let l = log.clone();
-    let h = std::thread::spawn(move || {
-        while !stop.load(Ordering::SeqCst) {
-            let s = state(sid);
-            let mut v = l.lock().unwrap();
-            if v.last().map(|(_, x)| x != &s).unwrap_or(true) {
-                v.push((monotonic_ns(), s));
-            }
-            drop(v);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-    (h, log)
-}
-
 /// fio's JSON after SIGINT: (errors, max completion latency ns, reads).
 fn fio_stop(job: Child) -> (u64, u64, u64) {
     unsafe { libc::kill(job.id() as i32, libc::SIGINT) };

@@ -506,3 +506,28 @@ pub fn kernel_log_lines(what: &str) -> Vec<(u64, String)> {
 pub fn kernel_log(what: &str) -> Vec<u64> {
     kernel_log_lines(what).into_iter().map(|(t, _)| t).collect()
 }
+
+/// A session's state as sysfs gives it ("" when the session is gone).
+pub fn session_state(sid: u32) -> String {
+    std::fs::read_to_string(format!("/sys/class/iscsi_session/session{sid}/state")).unwrap_or_default().trim().to_string()
+}
+
+/// Poll a session's sysfs state every 50 ms until `stop`: (CLOCK_MONOTONIC
+/// time, state) at each change.
+pub fn poll_state(sid: u32, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> (std::thread::JoinHandle<()>, std::sync::Arc<std::sync::Mutex<Vec<(u64, String)>>>) {
+    use std::sync::{atomic::Ordering, Arc, Mutex};
+    let log = Arc::new(Mutex::new(Vec::<(u64, String)>::new()));
+    let l = log.clone();
+    let h = std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            let s = session_state(sid);
+            let mut v = l.lock().unwrap();
+            if v.last().map(|(_, x)| x != &s).unwrap_or(true) {
+                v.push((storprototrace::output::monotonic_ns(), s));
+            }
+            drop(v);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    (h, log)
+}
