@@ -108,8 +108,24 @@ pub fn entries(table: &mut Table, limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// Entries of a per-CPU hash map: each value holds `ncpus` copies, each
 /// rounded up to 8 bytes.
 pub fn percpu_entries(table: &mut Table, ncpus: usize, limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let vsz = table.leaf_size().div_ceil(8) * 8 * ncpus;
+    let vsz = percpu_value_size(table, ncpus);
     walk(table, vsz, limit)
+}
+
+/// The bytes a lookup in a per-CPU map writes: `ncpus` copies of the value,
+/// each rounded up to 8 bytes (the bcc crate's `Table::get` allocates one
+/// copy only: the kernel would write past it).
+fn percpu_value_size(table: &mut Table, ncpus: usize) -> usize {
+    table.leaf_size().div_ceil(8) * 8 * ncpus
+}
+
+/// One key's value in a per-CPU hash map: every CPU's copy, as
+/// `percpu_entries` gives them; None when the key is absent.
+pub fn percpu_get(table: &mut Table, key: &[u8], ncpus: usize) -> Option<Vec<u8>> {
+    let mut k = key.to_vec();
+    let mut val = vec![0u8; percpu_value_size(table, ncpus)];
+    let found = unsafe { bpf_lookup_elem(table.fd(), k.as_mut_ptr() as *mut c_void, val.as_mut_ptr() as *mut c_void) } >= 0;
+    found.then_some(val)
 }
 
 fn walk(table: &mut Table, vsz: usize, limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {

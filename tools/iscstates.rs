@@ -227,12 +227,12 @@ impl View {
     /// session's totals; the slot starts again for the next episode.
     fn fold_host(&mut self, bpf: &bcc::BPF, host: u32, sid: u32) {
         let Ok(mut t) = bpf.table("held_longest") else { return };
-        let mut key = host.to_ne_bytes().to_vec();
-        if let Ok(v) = t.get(&mut key) {
+        let key = host.to_ne_bytes();
+        if let Some(v) = maps::percpu_get(&mut t, &key, self.ncpus) {
             let longest = states::percpu_max(&v, self.ncpus);
             let total = self.tracker.totals.entry(sid).or_default();
             total.longest_held_ns = Some(total.longest_held_ns.unwrap_or(0).max(longest));
-            let _ = t.delete(&mut key);
+            maps::delete(&mut t, &key);
         }
     }
 
