@@ -107,13 +107,21 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
     let stop = Arc::new(AtomicBool::new(false));
     let (poller, states) = poll_state(sid, stop.clone());
     let t0 = monotonic_ns();
+    // The core suite (tests/all) runs cuts 1 and 3, the full suite all three.
+    let full = std::env::var("LAB_SUITE").as_deref() != Ok("core");
 
     // 1. Link cut and recovered.
-    let (on1, off1, relogin1, fio1) = outage(&d, sid, &keep, &states, &[]);
+    let cut1 = outage(&d, sid, &keep, &states, &[]);
+    let fio1 = cut1.3;
     // 2. The same with replacement_timeout R < S, set through sysfs (iscsid
     //    keeps a value written there), fio going on through errors.
-    sh(&format!("echo {R} > /sys/class/iscsi_session/session{sid}/recovery_tmo"));
-    let (on2, off2, relogin2, fio2) = outage(&d, sid, &keep, &states, &["--continue_on_error=all"]);
+    let cut2 = full.then(|| {
+        sh(&format!("echo {R} > /sys/class/iscsi_session/session{sid}/recovery_tmo"));
+        outage(&d, sid, &keep, &states, &["--continue_on_error=all"])
+    });
+    if !full {
+        println!("LAB_SUITE=core: the recovery-timeout cut (2) is left to the full suite");
+    }
     // 3. An administrator's logout and login (the new session gets the
     //    node's replacement_timeout again).
     let t3 = monotonic_ns();
@@ -139,7 +147,8 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
     // The second session stayed up: nothing about it, ever.
     assert!(ev.iter().all(|e| e.u64("sid") != other.sid as u64), "events for session {} that stayed up", other.sid);
 
-    for (n, on, _off, relogin, fio) in [(1, on1, off1, relogin1, fio1), (2, on2, off2, relogin2, fio2)] {
+    let cuts: Vec<(u32, (u64, u64, u64, (u64, u64, u64)))> = std::iter::once((1, cut1)).chain(cut2.map(|c| (2, c))).collect();
+    for &(n, (on, _off, relogin, fio)) in &cuts {
         let end = relogin + 2_000_000_000;
         let fail = of(&ev, sid as u64, "conn_error", on, end);
         assert_eq!(fail.len(), 1, "cut {n}: exactly one connection failure: {fail:?}");
@@ -211,13 +220,15 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
     // final completion: in cut 1 fio's longest I/O (retried after the
     // relogin), in cut 2 the oldest in flight at the stop, failed at the
     // recovery timeout (fio does not time failed I/Os).
-    let stop2 = of(&ev, sid as u64, "conn_stop", on2, relogin2 + 2_000_000_000)[0];
-    let timeout2 = of(&ev, sid as u64, "recovery_timeout", on2, relogin2 + 2_000_000_000)[0];
-    let cut2 = stop2.u64("oldest_ns") + timeout2.u64("ts_ns").saturating_sub(stop2.u64("ts_ns"));
-    let want = fio1.1.max(cut2);
+    let cut2_longest = cut2.map(|(on2, _, relogin2, _)| {
+        let stop2 = of(&ev, sid as u64, "conn_stop", on2, relogin2 + 2_000_000_000)[0];
+        let timeout2 = of(&ev, sid as u64, "recovery_timeout", on2, relogin2 + 2_000_000_000)[0];
+        stop2.u64("oldest_ns") + timeout2.u64("ts_ns").saturating_sub(stop2.u64("ts_ns"))
+    });
+    let want = fio1.1.max(cut2_longest.unwrap_or(0));
     let row = out.stderr.lines().find(|l| l.split_whitespace().next() == Some(&sid.to_string())).unwrap_or_else(|| panic!("no summary row for session {sid}: {}", out.stderr));
     let longest: f64 = row.split_whitespace().nth(6).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no LONGEST in the summary row: {row}"));
-    println!("LONGEST {longest:.3} s; cut 1: fio max latency {:.3} s; cut 2: oldest at the stop + stop to timeout = {:.3} s", secs(fio1.1), secs(cut2));
+    println!("LONGEST {longest:.3} s; cut 1: fio max latency {:.3} s; cut 2: oldest at the stop + stop to timeout = {}", secs(fio1.1), cut2_longest.map_or("(not run)".into(), |c| format!("{:.3} s", secs(c))));
     assert!((longest - secs(want)).abs() <= 1.0, "LONGEST {longest:.3} s is not the longest held request ({:.3} s) within 1 s", secs(want));
 
     // 3. Logout and login: no failure.
@@ -226,7 +237,8 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
     assert_eq!(late("blocked"), 0, "a logout blocks nothing");
     assert_eq!(of(&ev, sid as u64, "logout", t3, t_end).len(), 1, "one logout of session {sid}");
     assert_eq!(of(&ev, s1b.sid as u64, "login", t3, t_end).len(), 1, "one login, session {}", s1b.sid);
-    assert!(out.stderr.contains("NOP_TIMEDOUT:2"), "the summary counts both failures: {}", out.stderr);
+    let cuts_n = cuts.len();
+    assert!(out.stderr.contains(&format!("NOP_TIMEDOUT:{cuts_n}")), "the summary counts every failure ({cuts_n}): {}", out.stderr);
     // The textfile counters: the same numbers as the events.
     let text = std::fs::read_to_string(&prom_file).unwrap();
     println!("--prom-file:\n{text}");
@@ -235,11 +247,14 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
         l.rsplit(' ').next().unwrap().parse().unwrap()
     };
     let labels = format!("sid=\"{sid}\",target=\"{}\"", s1.target);
-    assert_eq!(value(&format!("iscsi_connection_failures_total{{{labels},reason=\"NOP_TIMEDOUT\"}}")), 2.0);
+    assert_eq!(value(&format!("iscsi_connection_failures_total{{{labels},reason=\"NOP_TIMEDOUT\"}}")), cuts_n as f64);
     // The textfile says what the events say (and fio, within the one above).
     let failed_events: u64 = of(&ev, sid as u64, "unblocked", t0, t_end).iter().chain(of(&ev, sid as u64, "recovery_timeout", t0, t_end).iter()).filter_map(|e| e.get("failed").and_then(|v| v.as_u64())).sum();
     let failed_prom = value(&format!("iscsi_commands_failed_total{{{labels}}}"));
-    assert!(failed_prom <= fio2.0 as f64 && fio2.0 as f64 - failed_prom <= 1.0, "textfile failed {failed_prom} vs fio's {} errors (events: {failed_events})", fio2.0);
+    // fio's errors: cut 2's (cut 1 saw none, and fails the test otherwise).
+    let errors = cut2.map_or(0, |c| c.3 .0) as f64;
+    assert!(failed_prom as u64 == failed_events, "textfile failed {failed_prom} vs the events' {failed_events}");
+    assert!(failed_prom <= errors + 1.0 && (errors - failed_prom) <= 1.0, "textfile failed {failed_prom} vs fio's {errors} errors (within the one unexplained of each cut)");
     let blocked: u64 = of(&ev, sid as u64, "unblocked", t0, t_end).iter().filter_map(|e| e.get("blocked_ns").and_then(|v| v.as_u64())).sum();
     assert!((value(&format!("iscsi_session_blocked_seconds_total{{{labels}}}")) - secs(blocked)).abs() < 1e-6);
     assert_eq!(out.summary("events lost"), 0);
