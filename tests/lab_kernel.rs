@@ -1,7 +1,9 @@
-//! What each tool chooses on the running kernel, from real runs: every tool
+//! What each tool chooses on the running kernel, from real runs: each tool
 //! is started with -v, must compile, attach and print its Tracing line, and
 //! its probe choices and notes are printed as `CAPS |` table rows, which
 //! tests/all collects into target/lab/capabilities.md for the README.
+//! iscstates' row comes from its own test (tests/lab_states.rs), which
+//! every suite runs: one tool start fewer.
 
 mod support;
 
@@ -12,7 +14,6 @@ use support::*;
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn every_tool_starts_and_reports_its_probe_points() {
     let _lab = lab();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap().trim().to_string();
     let tools: [(&str, &[&str]); 4] = [
         ("isclatency", &["-v", "--json", "-m", "1000"]),
         ("iscstat", &["-v", "--json", "5"]),
@@ -24,13 +25,7 @@ fn every_tool_starts_and_reports_its_probe_points() {
     for (tool, t) in started {
         let out = t.stop();
         assert!(out.status.success(), "{tool}: {}", out.stderr);
-        let mut probes: Vec<String> = Vec::new();
-        for l in out.stderr.lines().filter_map(|l| l.strip_prefix("probe ")) {
-            let f = l.split(" -> ").next().unwrap_or(l).to_string();
-            if !probes.contains(&f) {
-                probes.push(f);
-            }
-        }
+        let (probes, row) = caps_row(tool, &out.stderr);
         assert!(!probes.is_empty(), "{tool} -v named no probe: {}", out.stderr);
         if ["isclatency", "iscstat"].contains(tool) {
             // The stage probes are fentry/fexit wherever the iSCSI modules
@@ -42,14 +37,7 @@ fn every_tool_starts_and_reports_its_probe_points() {
         // type read: vmlinux for the block tools, the modules for the others.
         let btf = std::path::Path::new(if ["isclatency", "iscstat"].contains(tool) { "/sys/kernel/btf/libiscsi" } else { "/sys/kernel/btf/vmlinux" }).exists();
         assert_eq!(out.stderr.contains("kernel types from BTF"), btf, "{tool}: {}", out.stderr);
-        let detail: Vec<&str> = out.stderr.lines().filter_map(|l| l.split_once(": ").filter(|(k, _)| k.starts_with("kernel ")).map(|(_, v)| v)).collect();
-        let notes: Vec<&str> = out.stderr.lines().filter_map(|l| l.strip_prefix(&format!("{tool}: note: "))).collect();
-        println!(
-            "CAPS | {kernel} | {tool} | {} | {} | {} |",
-            probes.join(", "),
-            detail.join("; "),
-            if notes.is_empty() { "-".to_string() } else { notes.join("; ") }
-        );
+        println!("{row}");
     }
 }
 

@@ -136,6 +136,9 @@ fn states_link_cut_recovery_timeout_and_logout_relogin() {
     assert!(out.status.success(), "{}", out.stderr);
     let ev = out.json();
     println!("iscstates said:\n{}", out.stderr);
+    let (probes, row) = caps_row("iscstates", &out.stderr);
+    assert!(!probes.is_empty(), "iscstates -v named no probe");
+    println!("{row}");
     for l in &out.lines {
         println!("  {l}");
     }
