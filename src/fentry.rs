@@ -65,6 +65,22 @@ pub struct Target {
     obj: Option<std::sync::Arc<OwnedFd>>,
 }
 
+/// The BTF targets of the fentry/fexit probes, by function: resolved
+/// before the program is compiled, so the parsed BTF (about 8 MB for
+/// vmlinux's) is released before clang's peak instead of adding to it.
+#[derive(Default)]
+pub struct Targets(std::collections::HashMap<String, Target>);
+
+impl Targets {
+    pub fn get(&self, function: &str) -> Option<&Target> {
+        self.0.get(function)
+    }
+
+    pub fn insert(&mut self, t: Target) {
+        self.0.insert(t.function.clone(), t);
+    }
+}
+
 /// Resolves functions to BTF ids, reading and parsing each BTF file once
 /// (the same files the kernel types are written from, see `btf()`).
 pub struct Resolver {

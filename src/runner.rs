@@ -68,6 +68,9 @@ pub fn preflight(kernel: &Kernel, need_iscsi: bool) -> Result<()> {
 /// Compile C text with libbcc for this kernel. bcc prints the compiler's
 /// diagnostics itself.
 pub fn compile(kernel: &Kernel, text: &str) -> Result<BPF> {
+    // What start-up read and freed (kallsyms, BTF, sysfs) goes back to the
+    // kernel before clang's peak, instead of under it (issue 14: peak RSS).
+    unsafe { libc::malloc_trim(0) };
     bcc::BPFBuilder::new(text)
         .and_then(|b| b.cflags(&kernel.cflags))
         .and_then(|b| b.build())
@@ -90,9 +93,9 @@ impl Links {
     }
 }
 
-/// `resolver`: the BTF already read at start, if any (else read here when
-/// a probe is fentry/fexit).
-pub fn attach(bpf: &mut BPF, probes: &[Probe], resolver: &mut Option<crate::fentry::Resolver>) -> Result<Links> {
+/// `targets`: the BTF target of every fentry/fexit probe, resolved before
+/// the compile (empty for kprobes only).
+pub fn attach(bpf: &mut BPF, probes: &[Probe], targets: &crate::fentry::Targets) -> Result<Links> {
     let mut links = Links::default();
     for p in probes {
         let fail = |e: String| Error::env(format!("cannot attach {}: {e}", p.describe()));
@@ -100,15 +103,11 @@ pub fn attach(bpf: &mut BPF, probes: &[Probe], resolver: &mut Option<crate::fent
             ProbeKind::Entry => Kprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
             ProbeKind::Return => Kretprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
             ProbeKind::Fentry | ProbeKind::Fexit => {
-                let resolver = match resolver {
-                    Some(r) => r,
-                    None => resolver.insert(crate::fentry::Resolver::new(std::path::Path::new(crate::kernel::BTF_DIR))?),
-                };
-                let target = resolver.target(&p.function, p.module.as_deref())?;
+                let target = targets.get(&p.function).ok_or_else(|| fail("its BTF target was not resolved".into()))?;
                 let name = std::ffi::CString::new(p.handler).map_err(|e| fail(e.to_string()))?;
                 let insns = bpf.dump_func(name).map_err(|e| fail(e.to_string()))?;
                 let side = if p.kind == ProbeKind::Fentry { crate::fentry::Side::Entry } else { crate::fentry::Side::Exit };
-                let prog = crate::fentry::load(&insns, p.handler, side, &target).map_err(fail)?;
+                let prog = crate::fentry::load(&insns, p.handler, side, target).map_err(fail)?;
                 let link = crate::fentry::attach(&prog).map_err(|e| fail(e.to_string()))?;
                 links.programs.push((prog, link));
             }

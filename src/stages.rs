@@ -7,7 +7,7 @@
 use crate::cli::Common;
 use crate::error::{Error, Result};
 use crate::filters::{Filters, KernelFilter};
-use crate::fentry::Resolver;
+use crate::fentry::{Resolver, Targets};
 use crate::headers::{self, ScsiLayout};
 use crate::kernel_types::{self, KernelTypes};
 use crate::kernel::Kernel;
@@ -153,27 +153,29 @@ impl StagePlan {
 
     /// fentry where this kernel takes it for every stage function (checked
     /// by attaching an empty program, as libbpf-tools do), else kprobes.
-    /// Needs root. Returns the plan and, for kprobes, why.
-    pub fn prefer_fentry(self, kernel: &Kernel, resolver: &mut Option<Resolver>) -> (StagePlan, Option<String>) {
+    /// Needs root. Returns the plan, for kprobes why, and for fentry the
+    /// probes' BTF targets; the resolver (the parsed BTF) is dropped here.
+    pub fn prefer_fentry(self, kernel: &Kernel, resolver: Option<Resolver>) -> (StagePlan, Option<String>, Targets) {
+        let none = Targets::default();
         if std::env::var_os("STORPROTOTRACE_KPROBES").is_some() {
-            return (self, Some("STORPROTOTRACE_KPROBES is set".into()));
+            return (self, Some("STORPROTOTRACE_KPROBES is set".into()), none);
         }
         if let Some(why) = self.fentry_obstacle(kernel) {
-            return (self, Some(why));
+            return (self, Some(why), none);
         }
         let plan = self.with_fentry(kernel);
-        let resolver = match resolver {
-            Some(r) => r,
-            None => return (self, Some("no kernel BTF".into())),
+        let Some(mut resolver) = resolver else {
+            return (self, Some("no kernel BTF".into()), none);
         };
+        let mut targets = Targets::default();
         for p in &plan.probes {
             match resolver.target(&p.function, p.module.as_deref()) {
-                Ok(t) if crate::fentry::can_attach(&t) => {}
-                Ok(_) => return (self, Some(format!("the kernel refuses fentry on {}", p.function))),
-                Err(e) => return (self, Some(e.to_string())),
+                Ok(t) if crate::fentry::can_attach(&t) => targets.insert(t),
+                Ok(_) => return (self, Some(format!("the kernel refuses fentry on {}", p.function)), none),
+                Err(e) => return (self, Some(e.to_string()), none),
             }
         }
-        (plan, None)
+        (plan, None, targets)
     }
 
     /// Say once at start what this kernel cannot give; with -v, every probe.
@@ -285,14 +287,14 @@ pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, to
     let mut resolver = if kernel.btf { Resolver::new(&kernel.btf_dir).ok() } else { None };
     let (scsi, types, why_headers) = layout(&kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
     let plan = StagePlan { types, why_headers, ..StagePlan::choose(&kernel, scsi)? };
-    let (mut plan, why_kprobes) = plan.prefer_fentry(&kernel, &mut resolver);
+    let (mut plan, why_kprobes, targets) = plan.prefer_fentry(&kernel, resolver);
     plan.why_kprobes = why_kprobes;
     plan.announce(tool, &kernel, common.verbose);
 
-    let mut load = |plan: &StagePlan| -> Result<(bcc::BPF, Result<Links>)> {
+    let load = |plan: &StagePlan| -> Result<(bcc::BPF, Result<Links>)> {
         let mut bpf = crate::runner::compile(&kernel, &render(tool_part, plan, &filter, kernel.ringbuf, tool_values)?)?;
         filter.load_sets(&bpf)?;
-        let links = crate::runner::attach(&mut bpf, &plan.probes, &mut resolver);
+        let links = crate::runner::attach(&mut bpf, &plan.probes, &targets);
         Ok((bpf, links))
     };
     let (mut bpf, mut links) = load(&plan)?;

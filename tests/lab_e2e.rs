@@ -65,7 +65,7 @@ fn chain_counts_commands_per_session() {
     quiet_disks(&lab);
     let text = Template::new(&[templates::ISCCOUNT]).render(&[("COMPLETED_STATE", templates::Value::Ident("ISCSI_TASK_COMPLETED"))]).unwrap();
     let mut bpf = runner::compile(&storprototrace::kernel::Kernel::detect(), &text).expect("compile");
-    let _links = runner::attach(&mut bpf, &[Probe::entry("iscsi_queuecommand", "count_queuecommand"), Probe::entry("iscsi_complete_task", "count_complete")], &mut None).expect("attach");
+    let _links = runner::attach(&mut bpf, &[Probe::entry("iscsi_queuecommand", "count_queuecommand"), Probe::entry("iscsi_complete_task", "count_complete")], &Default::default()).expect("attach");
     let (d1, d2) = (&lab.disks[0], &lab.disks[2]);
     let f1 = fio(d1, "randread", 300, 4, &[]);
     let f2 = fio(d2, "randrw", 500, 4, &[]);

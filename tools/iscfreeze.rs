@@ -122,7 +122,7 @@ fn run(args: Args) -> Result<()> {
         let devs: Vec<u32> = w.iter().map(|(_, d)| *d).collect();
         maps::fill_set(&mut set, &devs, |d: u32| d.to_ne_bytes().to_vec())?;
     }
-    let _links = runner::attach(&mut bpf, &plan.probes, &mut None)?;
+    let _links = runner::attach(&mut bpf, &plan.probes, &Default::default())?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
     let mut view = View {

@@ -103,7 +103,7 @@ fn run(args: Args) -> Result<()> {
         eprintln!("iscstates: note: {n}");
     }
     let mut bpf = runner::compile(&kernel, &kernel_types::program(types.as_ref().ok(), &plan.render(kernel.ringbuf)?))?;
-    let _links = runner::attach(&mut bpf, &plan.probes, &mut None)?;
+    let _links = runner::attach(&mut bpf, &plan.probes, &Default::default())?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
 

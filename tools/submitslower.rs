@@ -138,7 +138,7 @@ fn run(args: Args) -> Result<()> {
         let mut set = bpf.table("disks")?;
         maps::fill_set(&mut set, &iscsi_devs, |d: u32| d.to_ne_bytes().to_vec())?;
     }
-    let _links = runner::attach(&mut bpf, &probes, &mut None)?;
+    let _links = runner::attach(&mut bpf, &probes, &Default::default())?;
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
     let clock = Clock::start();

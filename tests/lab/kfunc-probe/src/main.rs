@@ -62,7 +62,12 @@ fn main() {
         Probe { kind: ProbeKind::Fexit, function: "iscsi_complete_task".into(), handler: "ours_complete_task", module: Some("libiscsi".into()) },
     ];
     let t = Instant::now();
-    let _links = runner::attach(&mut bpf, &probes, &mut None).expect("src/fentry.rs attach");
+    let mut resolver = storprototrace::fentry::Resolver::new(std::path::Path::new(storprototrace::kernel::BTF_DIR)).expect("kernel BTF");
+    let mut targets = storprototrace::fentry::Targets::default();
+    for p in &probes {
+        targets.insert(resolver.target(&p.function, p.module.as_deref()).expect("BTF target"));
+    }
+    let _links = runner::attach(&mut bpf, &probes, &targets).expect("src/fentry.rs attach");
     println!("src/fentry.rs load+attach (BTF read included): {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let before = reads(disk);
     let st = std::process::Command::new("fio")
