@@ -187,7 +187,7 @@ impl Functions {
         for (name, module) in v {
             let m = module.unwrap_or("");
             let (Ok(nl), Ok(ml), Ok(start)) = (u16::try_from(name.len()), u16::try_from(m.len()), u32::try_from(f.text.len())) else { continue };
-            if f.entries.last().is_some_and(|&(st, n, _)| &f.text[st as usize..st as usize + n as usize] == name) {
+            if f.entries.last().is_some_and(|e| f.name(e) == name) {
                 f.entries.pop();
             }
             f.text.push_str(name);
