@@ -31,7 +31,9 @@
  *   read / no R2T:  NET = min(rx - sent, RTT) + (done - rx)
  *   write with R2T: NET = min(rx - sent, RTT) + (dout - rx) + min(done - dout, RTT)
  * A command with no PDU back seen, or no socket (not iscsi_tcp), or no RTT
- * sample yet, is not split (counted, shown as '-'). RETX: the socket's
+ * sample yet, or whose first PDU back came before its send call returned
+ * (a busy xmit worker: the round trip is then inside SEND and cannot be
+ * told apart), is not split (counted, shown as '-'). RETX: the socket's
  * total_retrans at completion minus at PDU preparation: TCP segments
  * retransmitted on the command's connection while it was in flight. */
 /* The kernel types read here. With BTF_TYPES, src/kernel_types.rs writes
@@ -404,7 +406,12 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
             t.retrans = r - f->retrans0;
     }
 #if HAVE_RX
-    if (f->ts_rx && f->sk && f->rtt_us && f->rtt_us != 0xffffffff) {
+#if HAVE_SENT
+    int rx_before_sent = f->ts_sent == 0 || f->ts_rx < f->ts_sent;
+#else
+    int rx_before_sent = 0;
+#endif
+    if (f->ts_rx && !rx_before_sent && f->sk && f->rtt_us && f->rtt_us != 0xffffffff) {
         u64 rtt = (u64)f->rtt_us * 1000;
         u64 rx = f->ts_rx < sent ? sent : (f->ts_rx > now ? now : f->ts_rx);
         u64 first = rx - sent;

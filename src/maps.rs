@@ -26,7 +26,8 @@ pub enum Counter {
     /// submitslower: submissions timed (any length).
     SubmitTimed = 6,
     /// Commands timed whose RESP could not be split into NET and TARGET
-    /// (no PDU back seen, not iscsi_tcp, no RTT sample yet).
+    /// (no PDU back seen, not iscsi_tcp, no RTT sample yet, or the first
+    /// PDU back came before the send call returned).
     NotSplit = 7,
 }
 

@@ -38,8 +38,9 @@ rises, NET follows only as old samples leave that window (the rise shows as
 TARGET meanwhile); data queued in TCP's send buffer or in the network ahead
 of a write's Data-Out, the target's queue ahead of a read's first Data-In,
 and the network's jitter above its minimum RTT count as TARGET. NET and TARGET show '-' for a command with no PDU
-back seen, not on iscsi_tcp, or before the connection's first RTT sample;
-the summary counts them.
+back seen, not on iscsi_tcp, before the connection's first RTT sample, or
+whose first PDU back came before its send call returned (the round trip is
+then inside SEND); the summary counts them.
 COMM/PID is the context that dispatched the command to the driver: often the
 submitting process, often a kworker (blk-mq runs queues from workqueues).
 Commands that are aborted or failed by session recovery are not timed; they
