@@ -470,7 +470,31 @@ pub struct SlowLun {
     pub target: String,
     pub sid: u32,
     pub disk: String,
+    /// The dm-delay device in the target (`dm-N`).
+    pub dm: String,
     tpg: String,
+}
+
+/// I/Os completed and the time they took on one block device, per
+/// direction, from its `/sys/block/<dev>/stat` (the kernel's own sums).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiskTime {
+    pub reads: u64,
+    pub read_ms: u64,
+    pub writes: u64,
+    pub write_ms: u64,
+}
+impl DiskTime {
+    pub fn read(dev: &str) -> DiskTime {
+        let text = sh(&format!("cat /sys/block/{dev}/stat"));
+        let f: Vec<u64> = text.split_whitespace().map(|w| w.parse().unwrap()).collect();
+        DiskTime { reads: f[0], read_ms: f[3], writes: f[4], write_ms: f[7] }
+    }
+    /// Mean time per I/O in ns since `before`: (reads, writes).
+    pub fn mean_since(&self, before: &DiskTime) -> (f64, f64) {
+        let mean = |ms: u64, n: u64| ms as f64 * 1e6 / n.max(1) as f64;
+        (mean(self.read_ms - before.read_ms, self.reads - before.reads), mean(self.write_ms - before.write_ms, self.writes - before.writes))
+    }
 }
 
 const CFG: &str = "/sys/kernel/config/target";
@@ -498,7 +522,7 @@ impl SlowLun {
         sh(&format!("iscsiadm -m node -T {target} -p 127.0.0.1 -l >/dev/null"));
         let (s, disk) = session_disk_after_login(&target);
         settle_after_login();
-        SlowLun { target, sid: s.sid, disk, tpg }
+        SlowLun { target, sid: s.sid, disk, dm, tpg }
     }
 }
 
