@@ -355,7 +355,7 @@ fn iscsi_socket_retrans() -> BTreeMap<u16, u64> {
 
 /// RESP splits into NET and TARGET, each moved by its own knob. The
 /// network knob: a netem delay on loopback (every round trip gains 2 x 5
-/// ms as configured, 11.3-11.9 ms as measured under emulation: the test
+/// ms as configured, 10.5-11.1 ms as measured under emulation: the test
 /// measures it with UDP echoes in the same boot, as it takes dm-delay's
 /// from fio), which must grow NET by one round trip for 4 KiB reads and two for
 /// writes of twice the session's FirstBurstLength (command and first burst
