@@ -115,8 +115,7 @@ impl Drop for Netem {
 /// echoes of one byte, one at a time, the echo on its own thread; each
 /// round trip in ns, sorted. Under netem this is what a configured delay
 /// really adds to a round trip in this guest (timer slack under emulation:
-/// 2 x 5 ms added 10.5-11.1 ms to the minimum on 6.1), measured the way fio
-/// measures what dm-delay adds.
+/// 2 x 5 ms added 10.5-11.1 ms to the minimum on 6.1).
 pub fn udp_round_trips(n: usize) -> Vec<u64> {
     use std::net::UdpSocket;
     let echo = UdpSocket::bind("127.0.0.1:0").expect("bind the echo socket");
