@@ -327,7 +327,13 @@ fn phase_split(what: &str, cmds: &[Value], sid: u64, disk: &str, f: &(Fio, Fio),
         let c: Vec<&Value> = c.into_iter().filter(|x| !x["net_ns"].is_null()).collect();
         assert!((all - c.len()) * 50 <= all, "{what}: {} of {all} {dir} not split", all - c.len());
         out[i] = (mean_of(&c, "net_ns"), mean_of(&c, "target_ns"));
-        println!("{what}: {} {dir} ({} not split): RESP mean {:.3} ms = NET {:.3} + TARGET {:.3} ms; fio clat mean {:.3} ms; {} with RETX > 0", c.len(), all - c.len(), mean_of(&c, "resp_ns") / 1e6, out[i].0 / 1e6, out[i].1 / 1e6, clat / 1e6, c.iter().filter(|x| x.u64("retrans") > 0).count());
+        // TARGET's spread, to tell a shift of every command from a few
+        // commands that took an extra round trip.
+        let mut t: Vec<u64> = c.iter().map(|x| x.u64("target_ns")).collect();
+        t.sort_unstable();
+        let q = |p: f64| t.get(((t.len().max(1) - 1) as f64 * p) as usize).copied().unwrap_or(0) as f64 / 1e6;
+        println!("{what}: {} {dir} ({} not split): RESP mean {:.3} ms = NET {:.3} + TARGET {:.3} ms (TARGET p10 {:.3} p50 {:.3} p90 {:.3} max {:.3} ms); fio clat mean {:.3} ms; {} with RETX > 0",
+            c.len(), all - c.len(), mean_of(&c, "resp_ns") / 1e6, out[i].0 / 1e6, out[i].1 / 1e6, q(0.1), q(0.5), q(0.9), q(1.0), clat / 1e6, c.iter().filter(|x| x.u64("retrans") > 0).count());
     }
     out
 }
