@@ -537,10 +537,21 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     // iscstat's NET and TARGET agree with isclatency's over the same commands.
     let rows = st.json();
     for (sid, dir) in [(s1.sid as u64, "R"), (s1.sid as u64, "W"), (slow_sid1, "R"), (slow_sid, "W")] {
-        let r: Vec<&Value> = rows.iter().filter(|r| r.u64("sid") == sid && r.str("dir") == dir && r.u64("split") > 0).collect();
+        let all: Vec<&Value> = rows.iter().filter(|r| r.u64("sid") == sid && r.str("dir") == dir).collect();
+        let count: u64 = all.iter().map(|r| r.u64("count")).sum();
+        let r: Vec<&Value> = all.into_iter().filter(|r| r.u64("split") > 0).collect();
         let split: u64 = r.iter().map(|r| r.u64("split")).sum();
+        let every = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("dir") == dir).count() as u64;
         let c: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("dir") == dir && !c["net_ns"].is_null()).collect();
-        assert_eq!(split, c.len() as u64, "iscstat split {split} commands of session {sid} {dir}, isclatency {}", c.len());
+        println!("session {sid} {dir}: iscstat {count} commands, {split} split; isclatency {every}, {} split", c.len());
+        assert_eq!(count, every, "iscstat counted {count} commands of session {sid} {dir}, isclatency {every}");
+        // Each tool's programs take their own clock readings, so a command
+        // whose first PDU back came within microseconds of its send call's
+        // return can be split by one tool and not by the other (7.3, iodepth
+        // 32: iscstat 658, isclatency 659 of 3 + 11 not split): the split
+        // counts may differ by at most the commands either did not split.
+        let unsplit = (count - split) + (every - c.len() as u64);
+        assert!(split.abs_diff(c.len() as u64) <= unsplit, "iscstat split {split} commands of session {sid} {dir}, isclatency {}, with only {unsplit} not split by either", c.len());
         for st in ["net", "target"] {
             let agg = r.iter().map(|r| r.f64(&format!("{st}_avg_ns")) * r.u64("split") as f64).sum::<f64>() / split as f64;
             let per = mean_of(&c, &format!("{st}_ns"));
