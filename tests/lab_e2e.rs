@@ -449,6 +449,15 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     assert!(out.status.success() && st.status.success(), "{}{}", out.stderr, st.stderr);
     let cmds = out.json();
     check_sane(&cmds, out.elapsed);
+    // Commands the tool could not time, by its own summary: where a kernel
+    // skips a program (kprobes before 5.12 run none while another runs on
+    // that CPU, and netem delivers responses in a timer's softirq, on top
+    // of the xmit worker's programs), a command whose end was skipped is
+    // not shown, and counted as an end not seen or still in flight.
+    let summary = out.stderr.lines().rfind(|l| l.contains("commands shown")).unwrap_or("").to_string();
+    let number_before = |what: &str| summary.find(what).and_then(|i| summary[..i].trim_end().rsplit([' ', ',']).next()?.parse::<u64>().ok()).unwrap_or(0);
+    let untimed = number_before("ends not seen") + number_before("still in flight");
+    println!("isclatency: {summary}");
     // Phases: the plain LUN without the delay, then with it (logged in
     // again), the slow LUN with it, then both on fresh connections without.
     let b = phase_split("plain, no delay", &cmds, s0.sid as u64, &d0, &base, wbytes, 0);
@@ -466,6 +475,7 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     // 5. At iodepth 32 (after each session's delayed phase: the commands
     // after its run of writes): the count exact per session, all but a few
     // commands split, NET the round trip netem adds.
+    let mut untimed_left = untimed;
     for ((sid, disk), f) in [(s1.sid as u64, d1.as_str()), (slow_sid1, slow_disk1.as_str())].into_iter().zip(&qd32) {
         let seq: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("disk") == disk && c.str("dir") != "-").collect();
         let last_w = seq.iter().rposition(|c| c.str("dir") == "W" && c.u64("bytes") == wbytes).expect("the delayed phase's writes");
@@ -476,8 +486,13 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
         let max_unsplit_resp = c.iter().filter(|c| c["net_ns"].is_null()).map(|c| c.u64("resp_ns")).max().unwrap_or(0);
         println!("iodepth 32, both knobs, session {sid} ({disk}): fio {} R + {} W, isclatency {} commands ({unsplit} not split, their RESP at most {:.3} ms), NET min {:.3} ms, RESP mean {:.3} = NET {:.3} + TARGET {:.3} ms",
             f.reads, f.writes, c.len(), max_unsplit_resp as f64 / 1e6, min_net as f64 / 1e6, mean_of(&split, "resp_ns") / 1e6, mean_of(&split, "net_ns") / 1e6, mean_of(&split, "target_ns") / 1e6);
-        assert_eq!(c.len() as u64, f.ios(), "iodepth 32 on session {sid}: isclatency's count against fio's");
-        assert_eq!(c.iter().filter(|c| c.str("dir") == "R").count() as u64, f.reads, "iodepth 32 on session {sid}: reads");
+        // Exact, but for the commands the tool itself says it could not
+        // time (5.10, kprobes: 8 of 600 once, all of them counted).
+        let missing = f.ios().checked_sub(c.len() as u64).expect("more commands than fio's");
+        let reads = c.iter().filter(|c| c.str("dir") == "R").count() as u64;
+        assert!(missing <= untimed_left, "iodepth 32 on session {sid}: isclatency shows {} of fio's {} commands, and says only {untimed} were not timed in all", c.len(), f.ios());
+        assert!(reads <= f.reads && f.reads - reads <= missing, "iodepth 32 on session {sid}: {reads} reads, fio {}", f.reads);
+        untimed_left -= missing;
         // Not split: the first PDU back came before the send call returned.
         assert!(unsplit * 20 <= c.len(), "iodepth 32 on session {sid}: {unsplit} of {} commands not split", c.len());
         // Each command one exchange (4 KiB: no R2T). Per command NET can be
@@ -536,6 +551,14 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
 
     // iscstat's NET and TARGET agree with isclatency's over the same commands.
     let rows = st.json();
+    // iscstat's own count of commands it could not time (each row carries
+    // its interval's), beside isclatency's: each tool's programs are
+    // skipped on their own.
+    let mut lost_per_interval: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &rows {
+        lost_per_interval.insert(r.str("time").to_string(), r.u64("lost"));
+    }
+    let slack = untimed + lost_per_interval.values().sum::<u64>();
     for (sid, dir) in [(s1.sid as u64, "R"), (s1.sid as u64, "W"), (slow_sid1, "R"), (slow_sid, "W")] {
         let all: Vec<&Value> = rows.iter().filter(|r| r.u64("sid") == sid && r.str("dir") == dir).collect();
         let count: u64 = all.iter().map(|r| r.u64("count")).sum();
@@ -544,13 +567,13 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
         let every = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("dir") == dir).count() as u64;
         let c: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("dir") == dir && !c["net_ns"].is_null()).collect();
         println!("session {sid} {dir}: iscstat {count} commands, {split} split; isclatency {every}, {} split", c.len());
-        assert_eq!(count, every, "iscstat counted {count} commands of session {sid} {dir}, isclatency {every}");
+        assert!(count.abs_diff(every) <= slack, "iscstat counted {count} commands of session {sid} {dir}, isclatency {every} (the two say {slack} were not timed)");
         // Each tool's programs take their own clock readings, so a command
         // whose first PDU back came within microseconds of its send call's
         // return can be split by one tool and not by the other (7.3, iodepth
         // 32: iscstat 658, isclatency 659 of 3 + 11 not split): the split
         // counts may differ by at most the commands either did not split.
-        let unsplit = (count - split) + (every - c.len() as u64);
+        let unsplit = (count - split) + (every - c.len() as u64) + slack;
         assert!(split.abs_diff(c.len() as u64) <= unsplit, "iscstat split {split} commands of session {sid} {dir}, isclatency {}, with only {unsplit} not split by either", c.len());
         for st in ["net", "target"] {
             let agg = r.iter().map(|r| r.f64(&format!("{st}_avg_ns")) * r.u64("split") as f64).sum::<f64>() / split as f64;
