@@ -322,10 +322,13 @@ fn phase_split(what: &str, cmds: &[Value], sid: u64, disk: &str, f: &(Fio, Fio),
             }
         }
         // Not split only where the first PDU back beat the send call's
-        // return (isclatency --help): rare at iodepth 1.
+        // return (isclatency --help): rare at iodepth 1, most often on
+        // loopback without netem, where the target can answer while the
+        // xmit worker is still in its send call (7.3 trixie: 3 and 8 of 300
+        // reads, 2026-12-02; 6.1: 0 or 1 of 600): at most 1 in 20.
         let all = c.len();
         let c: Vec<&Value> = c.into_iter().filter(|x| !x["net_ns"].is_null()).collect();
-        assert!((all - c.len()) * 50 <= all, "{what}: {} of {all} {dir} not split", all - c.len());
+        assert!((all - c.len()) * 20 <= all, "{what}: {} of {all} {dir} not split", all - c.len());
         out[i] = (mean_of(&c, "net_ns"), mean_of(&c, "target_ns"));
         // TARGET's spread, to tell a shift of every command from a few
         // commands that took an extra round trip.
