@@ -458,10 +458,8 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     // of the xmit worker's programs (5.10 has no fentry for modules): a
     // command whose end was skipped is not shown, and is counted as an end
     // not seen (its memory reused) or still in flight.
-    let summary = out.stderr.lines().rfind(|l| l.contains("commands shown")).unwrap_or("").to_string();
-    let number_before = |what: &str| summary.find(what).and_then(|i| summary[..i].trim_end().rsplit([' ', ',']).next()?.parse::<u64>().ok()).unwrap_or(0);
-    let untimed = number_before("ends not seen") + number_before("still in flight");
-    println!("isclatency: {summary}");
+    let untimed = out.summary_if("ends not seen").unwrap_or(0) + out.summary("still in flight");
+    println!("isclatency: {}", out.stderr.lines().rfind(|l| l.contains("commands shown")).unwrap_or(""));
     // Phases: the plain LUN without the delay, then with it (logged in
     // again), the slow LUN with it, then both on fresh connections without.
     let b = phase_split("plain, no delay", &cmds, s0.sid as u64, &d0, &base, wbytes, 0);

@@ -221,9 +221,14 @@ impl Finished {
     }
     /// The summary line's number before `what` (e.g. "events lost").
     pub fn summary(&self, what: &str) -> u64 {
-        let line = self.stderr.lines().chain(self.lines.iter().map(|s| s.as_str())).find(|l| l.contains(what)).unwrap_or_else(|| panic!("no summary with {what:?}: {}", self.stderr));
+        self.summary_if(what).unwrap_or_else(|| panic!("no summary with {what:?}: {}", self.stderr))
+    }
+    /// The same for a part the summary prints only when it is not zero
+    /// (isclatency's "ends not seen"): None when the summary lacks it.
+    pub fn summary_if(&self, what: &str) -> Option<u64> {
+        let line = self.stderr.lines().chain(self.lines.iter().map(|s| s.as_str())).find(|l| l.contains(what))?;
         let before = &line[..line.find(what).unwrap()];
-        before.trim_end().rsplit([' ', ',']).next().unwrap().parse().unwrap_or_else(|_| panic!("no number before {what:?} in {line:?}"))
+        Some(before.trim_end().rsplit([' ', ',']).next().unwrap().parse().unwrap_or_else(|_| panic!("no number before {what:?} in {line:?}")))
     }
 }
 
