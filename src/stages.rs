@@ -44,6 +44,10 @@ pub struct StagePlan {
     pub why_kprobes: Option<String>,
     /// Why the headers are compiled instead of types from BTF (said with -v).
     pub why_headers: Option<String>,
+    /// Byte offsets of `kernel_types::NET_MEMBERS` from vmlinux's BTF; None:
+    /// the program takes them from the types it compiles (the networking
+    /// headers on the headers path).
+    pub net_offsets: Option<[u32; 3]>,
     /// One line each for what this kernel cannot give, said once at start.
     pub notes: Vec<String>,
 }
@@ -89,24 +93,29 @@ impl StagePlan {
         if !have_rx {
             notes.push(format!("{RX} is not traceable: NET and TARGET show '-'"));
         }
-        Ok(StagePlan { probes: kprobes(have_sent, have_r2t, have_rx), have_sent, have_r2t, have_rx, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, notes })
+        Ok(StagePlan { probes: kprobes(have_sent, have_r2t, have_rx), have_sent, have_r2t, have_rx, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, net_offsets: None, notes })
     }
 
     /// The plan for a kernel that has every probe point (for --ebpf where
     /// the running kernel cannot be read).
     pub fn assume_all(scsi: ScsiLayout) -> StagePlan {
-        StagePlan { probes: kprobes(true, true, true), have_sent: true, have_r2t: true, have_rx: true, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, notes: Vec::new() }
+        StagePlan { probes: kprobes(true, true, true), have_sent: true, have_r2t: true, have_rx: true, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, net_offsets: None, notes: Vec::new() }
     }
 
     pub fn values(&self) -> Vec<(&'static str, Value)> {
-        vec![
+        let mut v = vec![
             ("HAVE_SENT", self.have_sent.into()),
             ("HAVE_RX", self.have_rx.into()),
             ("HAVE_R2T", self.have_r2t.into()),
             ("TASK_FROM_SC", Value::Ident(self.scsi.task_lookup.macro_name())),
             ("CDB_POINTER", self.scsi.cdb_pointer.into()),
             ("FENTRY", self.fentry.into()),
-        ]
+            ("NET_OFFSETS", self.net_offsets.is_some().into()),
+        ];
+        // Unused by the program (`#if NET_OFFSETS`) when unknown.
+        let offsets = self.net_offsets.unwrap_or_default();
+        v.extend(kernel_types::NET_MEMBERS.iter().zip(offsets).map(|((name, _, _), o)| (*name, o.into())));
+        v
     }
 
     /// The same stages on fentry/fexit: fexit sees arguments and return
@@ -186,7 +195,7 @@ impl StagePlan {
                 kernel.release,
                 kernel.source,
                 kernel.ringbuf,
-                if self.types.is_some() { "kernel types from BTF".to_string() } else { format!("kernel types from the headers ({})", self.why_headers.as_deref().unwrap_or("no BTF")) },
+                if self.types.is_some() { "kernel types from BTF".to_string() } else { format!("kernel types from the headers ({}){}", self.why_headers.as_deref().unwrap_or("no BTF"), if self.net_offsets.is_some() { ", the socket's offsets from vmlinux BTF" } else { "" }) },
                 self.scsi.task_lookup,
                 if self.scsi.cdb_pointer { "via sc->cmnd pointer" } else { "in sc->cmnd[]" },
                 if self.fentry { "fentry/fexit".to_string() } else { format!("kprobes ({})", self.why_kprobes.as_deref().unwrap_or("fentry not tried")) }
@@ -217,16 +226,26 @@ pub fn parts(tool_part: &str) -> [&str; 3] {
     [templates::COMMON, templates::ISCSI_STAGES, tool_part]
 }
 
+/// What the program's kernel types come from.
+struct Layout {
+    scsi: ScsiLayout,
+    types: Option<KernelTypes>,
+    why_headers: Option<String>,
+    net_offsets: Option<[u32; 3]>,
+}
+
 /// The kernel types from BTF and the SCSI layout they give, else the
-/// layout from the headers (and why, in `why_headers`).
-fn layout(kernel: &Kernel, btf: Option<&mut crate::btf::Loaded>, tool_part: &str) -> Result<(ScsiLayout, Option<KernelTypes>, Option<String>)> {
-    let types = match btf {
+/// layout from the headers (and why, in `why_headers`); the socket's
+/// offsets from vmlinux's BTF either way, where it has them.
+fn layout(kernel: &Kernel, mut btf: Option<&mut crate::btf::Loaded>, tool_part: &str) -> Result<Layout> {
+    let types = match btf.as_deref_mut() {
         Some(b) => kernel_types::from_btf(b, &parts(tool_part), kernel_types::ISCSI_MODULES),
         None => Err("no kernel BTF".to_string()),
     };
+    let net_offsets = btf.and_then(|b| kernel_types::net_offsets(b).ok());
     match types {
-        Ok(t) => Ok((ScsiLayout::from_types(&t)?, Some(t), None)),
-        Err(why) => Ok((ScsiLayout::from_headers(&headers::header_dirs(kernel))?, None, Some(why))),
+        Ok(t) => Ok(Layout { scsi: ScsiLayout::from_types(&t)?, types: Some(t), why_headers: None, net_offsets }),
+        Err(why) => Ok(Layout { scsi: ScsiLayout::from_headers(&headers::header_dirs(kernel))?, types: None, why_headers: Some(why), net_offsets }),
     }
 }
 
@@ -241,6 +260,26 @@ pub struct Tracing {
 }
 
 impl Tracing {
+    /// The exit summary after its first part (what the tool showed or
+    /// counted): the commands it did not time and why. `extra_lost`: events
+    /// user space could not read (isclatency's malformed records).
+    pub fn untimed_summary(&self, extra_lost: u64) -> Result<String> {
+        use crate::maps::{self, Counter};
+        let mut counters = self.bpf.table("counters")?;
+        let mut c = |k| maps::counter(&mut counters, k);
+        let (lost, ended, unseen, not_split) = (c(Counter::Lost) + c(Counter::InflightFull) + extra_lost, c(Counter::EndedNoResponse), c(Counter::EndNotSeen), c(Counter::NotSplit));
+        let in_flight = maps::count_entries(&mut self.bpf.table("inflight")?, 1 << 16);
+        let skipped = self.links.missed();
+        let mut line = format!("{lost} events lost, {ended} ended without a response, {in_flight} still in flight");
+        if self.plan.have_rx {
+            line += &format!(", {not_split} timed without a NET/TARGET split");
+        }
+        if unseen + skipped > 0 {
+            line += &format!(", {unseen} ends not seen, {skipped} probe hits skipped by the kernel");
+        }
+        Ok(line)
+    }
+
     /// The tracer's own health and cost, for the exporter.
     pub fn health(&self) -> crate::prom::Health {
         use crate::maps::{self, Counter};
@@ -285,8 +324,8 @@ pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, to
     let filter = filters.resolve(&topo)?;
     // vmlinux's and the modules' BTF, read once for the types and fentry.
     let mut resolver = if kernel.btf { Resolver::new(&kernel.btf_dir).ok() } else { None };
-    let (scsi, types, why_headers) = layout(&kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
-    let plan = StagePlan { types, why_headers, ..StagePlan::choose(&kernel, scsi)? };
+    let Layout { scsi, types, why_headers, net_offsets } = layout(&kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
+    let plan = StagePlan { types, why_headers, net_offsets, ..StagePlan::choose(&kernel, scsi)? };
     let (mut plan, why_kprobes, targets) = plan.prefer_fentry(&kernel, resolver);
     plan.why_kprobes = why_kprobes;
     plan.announce(tool, &kernel, common.verbose);
@@ -301,7 +340,7 @@ pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, to
     if let (Err(e), true) = (&links, plan.fentry) {
         eprintln!("{tool}: note: {e}; using kprobes instead");
         drop(bpf);
-        plan = StagePlan { why_kprobes: Some(e.to_string()), types: plan.types.clone(), why_headers: plan.why_headers.clone(), ..StagePlan::choose(&kernel, plan.scsi)? };
+        plan = StagePlan { why_kprobes: Some(e.to_string()), types: plan.types.clone(), why_headers: plan.why_headers.clone(), net_offsets: plan.net_offsets, ..StagePlan::choose(&kernel, plan.scsi)? };
         (bpf, links) = load(&plan)?;
     }
     let links = links?;
@@ -313,9 +352,9 @@ pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, to
 /// probe point; filters resolved where sessions exist, else assumed.
 pub fn plan_for_ebpf(kernel: &Kernel, topo: &Topology, filters: &Filters, tool_part: &str) -> Result<(StagePlan, KernelFilter)> {
     let mut btf = crate::btf::Loaded::open(&kernel.btf_dir).ok();
-    let (scsi, types, why_headers) = layout(kernel, btf.as_mut(), tool_part).unwrap_or_else(|_| (ScsiLayout::modern(), None, None));
+    let Layout { scsi, types, why_headers, net_offsets } = layout(kernel, btf.as_mut(), tool_part).unwrap_or(Layout { scsi: ScsiLayout::modern(), types: None, why_headers: None, net_offsets: None });
     let plan = StagePlan::choose(kernel, scsi).unwrap_or_else(|_| StagePlan::assume_all(scsi));
-    let plan = StagePlan { types, why_headers, ..plan };
+    let plan = StagePlan { types, why_headers, net_offsets, ..plan };
     let filter = if topo.sessions.is_empty() { filters.assume_sets() } else { filters.resolve(topo)? };
     let plan = if kernel.function_count() > 0 && plan.fentry_obstacle(kernel).is_none() { plan.with_fentry(kernel) } else { plan };
     Ok((plan, filter))

@@ -452,13 +452,8 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     assert!(out.status.success() && st.status.success(), "{}{}", out.stderr, st.stderr);
     let cmds = out.json();
     check_sane(&cmds, out.elapsed);
-    // Commands the tool could not time, by its own summary: a kprobe
-    // program does not run while another BPF program runs on that CPU, and
-    // netem delivers responses from a timer's softirq, which can come on top
-    // of the xmit worker's programs (5.10 has no fentry for modules): a
-    // command whose end was skipped is not shown, and is counted as an end
-    // not seen (its memory reused) or still in flight.
-    let untimed = out.summary_if("ends not seen").unwrap_or(0) + out.summary("still in flight");
+    // Commands the tool could not time, by its own summary (Finished::untimed).
+    let untimed = out.untimed();
     println!("isclatency: {}", out.stderr.lines().rfind(|l| l.contains("commands shown")).unwrap_or(""));
     // Phases: the plain LUN without the delay, then with it (logged in
     // again), the slow LUN with it, then both on fresh connections without.
@@ -554,14 +549,9 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
 
     // iscstat's NET and TARGET agree with isclatency's over the same commands.
     let rows = st.json();
-    // iscstat's own count of commands it could not time (each row carries
-    // its interval's), beside isclatency's: each tool's programs are
-    // skipped on their own.
-    let mut lost_per_interval: BTreeMap<String, u64> = BTreeMap::new();
-    for r in &rows {
-        lost_per_interval.insert(r.str("time").to_string(), r.u64("lost"));
-    }
-    let slack = untimed + lost_per_interval.values().sum::<u64>();
+    // iscstat's own count of commands it could not time beside
+    // isclatency's: each tool's programs are skipped on their own.
+    let slack = untimed + st.untimed();
     for (sid, dir) in [(s1.sid as u64, "R"), (s1.sid as u64, "W"), (slow_sid1, "R"), (slow_sid, "W")] {
         let all: Vec<&Value> = rows.iter().filter(|r| r.u64("sid") == sid && r.str("dir") == dir).collect();
         let count: u64 = all.iter().map(|r| r.u64("count")).sum();

@@ -31,11 +31,18 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     let sum = |lun: u64, dir: &str, key: &str| -> u64 {
         rows.iter().filter(|r| r.u64("lun") == lun && r.str("dir") == dir).map(|r| r.u64(key)).sum()
     };
-    println!("LUN 0: fio {} R {} W; iscstat {} R {} W", f0.reads, f0.writes, sum(0, "R", "count"), sum(0, "W", "count"));
-    assert_eq!(sum(0, "R", "count"), f0.reads);
-    assert_eq!(sum(0, "W", "count"), f0.writes);
-    assert_eq!(sum(0, "R", "bytes") + sum(0, "W", "bytes"), 4096 * f0.ios());
-    assert_eq!(sum(1, "R", "count"), f1.reads);
+    // Exact, but for the commands iscstat itself says it did not count (on
+    // kprobes, a program the kernel skipped: Finished::untimed; 5.10 in CI
+    // counted 199 of 200 reads under netem).
+    let untimed = stat.untimed();
+    println!("LUN 0: fio {} R {} W; iscstat {} R {} W; LUN 1: fio {} R, iscstat {} R; iscstat says {untimed} not counted", f0.reads, f0.writes, sum(0, "R", "count"), sum(0, "W", "count"), f1.reads, sum(1, "R", "count"));
+    let mut left = untimed;
+    for (lun, dir, fio_count) in [(0, "R", f0.reads), (0, "W", f0.writes), (1, "R", f1.reads)] {
+        let seen = sum(lun, dir, "count");
+        assert!(seen <= fio_count && fio_count - seen <= left, "LUN {lun} {dir}: iscstat counted {seen} of fio's {fio_count}, and says {untimed} were not counted in all");
+        left -= fio_count - seen;
+    }
+    assert_eq!(sum(0, "R", "bytes") + sum(0, "W", "bytes"), 4096 * (sum(0, "R", "count") + sum(0, "W", "count")));
     assert_eq!(sum(1, "W", "count") + sum(0, "-", "count") + sum(1, "-", "count"), 0, "commands from nowhere");
     let delayed: Vec<&Value> = rows.iter().filter(|r| r.u64("lun") == 1 && r.u64("count") > 0).collect();
     let n: u64 = delayed.iter().map(|r| r.u64("count")).sum();
@@ -46,7 +53,8 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     }
     assert!(wavg("wait_avg_ns") < 2e6 && wavg("send_avg_ns") < 2e6);
     let cmds: Vec<Value> = lat.json().into_iter().filter(|c| c.u64("lun") == 1).collect();
-    assert_eq!(cmds.len() as u64, n, "isclatency and iscstat saw the same commands");
+    let slack = untimed + lat.untimed();
+    assert!((cmds.len() as u64).abs_diff(n) <= slack, "isclatency showed {} commands of LUN 1, iscstat counted {n}, the two say {slack} were not timed", cmds.len());
     let lat_mean = cmds.iter().map(|c| c.u64("total_ns") as f64).sum::<f64>() / n as f64;
     let stat_mean = wavg("total_avg_ns");
     println!("netem 5 ms, LUN 1: iscstat TOTAL avg {:.3} ms (RESP avg {:.3} ms), isclatency mean TOTAL {:.3} ms, ratio {:.4}", stat_mean / 1e6, wavg("resp_avg_ns") / 1e6, lat_mean / 1e6, stat_mean / lat_mean);

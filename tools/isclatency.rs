@@ -8,7 +8,6 @@ use storprototrace::cli::{self, Common, Threshold};
 use storprototrace::events::Command;
 use storprototrace::filters::Filters;
 use storprototrace::latency_view::LatencyView;
-use storprototrace::maps::{self, Counter};
 use storprototrace::output::{self, Clock, Out, Unit};
 use storprototrace::runner::{self, Events, Stop};
 use storprototrace::{error, stages, templates, Result};
@@ -85,7 +84,7 @@ fn run(args: Args) -> Result<()> {
     let mut events = Events::open(&t.bpf, t.kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
     let mut out = Out::new();
-    let mut view = LatencyView::new(unit, args.common.timestamp, args.extended, &t.plan, Clock::start(), t.topo, Some("/sys".into()));
+    let mut view = LatencyView::new(unit, args.common.timestamp, args.extended, &t.plan, Clock::start(), t.topo.clone(), Some("/sys".into()));
 
     let what = if min_us == 0 { "all iSCSI commands".to_string() } else { format!("iSCSI commands slower than {} {}", if unit == Unit::Ms { min_us / 1000 } else { min_us }, unit.label()) };
     output::status(args.common.json, &mut out, &format!("Tracing {what}... Hit Ctrl-C to end."));
@@ -103,21 +102,7 @@ fn run(args: Args) -> Result<()> {
         shown += ok as u64;
         ok
     });
-    let mut counters = t.bpf.table("counters")?;
-    let lost = maps::counter(&mut counters, Counter::Lost) + maps::counter(&mut counters, Counter::InflightFull) + malformed;
-    let ended = maps::counter(&mut counters, Counter::EndedNoResponse);
-    let mut inflight = t.bpf.table("inflight")?;
-    let in_flight = maps::count_entries(&mut inflight, 1 << 16);
-    let unseen = maps::counter(&mut counters, Counter::EndNotSeen);
-    let skipped = t.links.missed();
-    let not_split = maps::counter(&mut counters, Counter::NotSplit);
-    let mut line = format!("{shown} commands shown, {lost} events lost, {ended} ended without a response, {in_flight} still in flight");
-    if t.plan.have_rx {
-        line += &format!(", {not_split} timed without a NET/TARGET split");
-    }
-    if unseen + skipped > 0 {
-        line += &format!(", {unseen} ends not seen, {skipped} probe hits skipped by the kernel");
-    }
+    let line = format!("{shown} commands shown, {}", t.untimed_summary(malformed)?);
     output::summary(args.common.json, &mut out, &[line]);
     Ok(())
 }

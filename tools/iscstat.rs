@@ -146,7 +146,7 @@ fn run(args: Args) -> Result<()> {
         tally.add(rows, topo, || t.health());
         Ok(())
     };
-    let (mut reports, mut last, mut last_lost) = (0u64, Instant::now(), 0u64);
+    let (mut reports, mut counted, mut last, mut last_lost) = (0u64, 0u64, Instant::now(), 0u64);
     loop {
         let next = last + Duration::from_secs(args.interval);
         while Instant::now() < next && !stop.stopped() {
@@ -168,6 +168,7 @@ fn run(args: Args) -> Result<()> {
             e.write(path)?;
         }
         let rows = stats::regroup(&std::mem::take(&mut tally.interval), args.per_lun, args.per_dir);
+        counted += rows.values().map(|r| r.count).sum::<u64>();
         let mut counters = t.bpf.table("counters")?;
         // Commands not counted: map full, an end the kernel did not let us
         // see, or a program hit the kernel skipped.
@@ -188,5 +189,7 @@ fn run(args: Args) -> Result<()> {
             break;
         }
     }
+    // Said on stderr where stdout is JSON or off (-q).
+    output::summary(args.common.json || args.quiet, &mut out, &[format!("{counted} commands counted, {}", t.untimed_summary(0)?)]);
     Ok(())
 }

@@ -223,6 +223,18 @@ impl Finished {
     pub fn summary(&self, what: &str) -> u64 {
         self.summary_if(what).unwrap_or_else(|| panic!("no summary with {what:?}: {}", self.stderr))
     }
+    /// Commands the tool says it did not time or count (isclatency's and
+    /// iscstat's exit summary): events lost, still in flight, ends not seen
+    /// and probe hits skipped by the kernel. A kprobe program does not run
+    /// while another BPF program runs on that CPU, and netem delivers
+    /// responses from a timer's softirq, which can come on top of the xmit
+    /// worker's programs (5.10 has no fentry for modules): a command whose
+    /// end was skipped is counted as an end not seen (its memory reused) or
+    /// still in flight; one whose start was skipped, as a skipped hit where
+    /// the kernel counts those.
+    pub fn untimed(&self) -> u64 {
+        self.summary("events lost") + self.summary("still in flight") + self.summary_if("ends not seen").unwrap_or(0) + self.summary_if("probe hits skipped").unwrap_or(0)
+    }
     /// The same for a part the summary prints only when it is not zero
     /// (isclatency's "ends not seen"): None when the summary lacks it.
     pub fn summary_if(&self, what: &str) -> Option<u64> {
