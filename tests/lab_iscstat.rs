@@ -48,7 +48,11 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     let n: u64 = delayed.iter().map(|r| r.u64("count")).sum();
     let wavg = |k: &str| delayed.iter().map(|r| r.u64(k) as f64 * r.u64("count") as f64).sum::<f64>() / n as f64;
     for r in &delayed {
-        assert!(r.u64("resp_avg_ns") >= 10_000_000 && r.u64("resp_p50_ns") >= 9_700_000, "RESP under netem 5 ms: {r}");
+        // Every command crosses netem twice after its PDU went to TCP, in
+        // SEND (the send call's return can come late: 5.10 in the lab, a
+        // row of 2 commands, SEND 8.5 ms and RESP 8.1 ms for one) or RESP.
+        assert!(r.u64("send_avg_ns") + r.u64("resp_avg_ns") >= 10_000_000, "SEND + RESP under netem 5 ms: {r}");
+        assert!(r.u64("count") < 10 || r.u64("resp_p50_ns") >= 9_700_000, "RESP under netem 5 ms: {r}");
         assert!(r.u64("total_max_ns") <= stat.elapsed.as_nanos() as u64);
     }
     assert!(wavg("wait_avg_ns") < 2e6 && wavg("send_avg_ns") < 2e6);

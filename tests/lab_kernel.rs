@@ -43,7 +43,8 @@ fn every_tool_starts_and_reports_its_probe_points() {
 
 /// The kernel types written from BTF against the kernel's own headers: one
 /// compile of every header the templates include, with every offset and
-/// size the BTF types assert; and the same layout choices both ways.
+/// size the BTF types assert, and the socket offsets the stage programs
+/// take from BTF as numbers; and the same layout choices both ways.
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn kernel_types_agree_with_the_headers() {
@@ -85,6 +86,13 @@ fn kernel_types_agree_with_the_headers() {
         asserts.push_str(&t.text);
         compared.push("block");
     }
+    // The socket's member offsets the stage programs take from vmlinux's
+    // BTF as numbers (kernel_types::NET_MEMBERS), on the headers path too.
+    let net = kernel_types::net_offsets(&mut btf).unwrap_or_else(|why| panic!("vmlinux BTF present, yet: {why}"));
+    for ((_, s, m), o) in kernel_types::NET_MEMBERS.iter().zip(net) {
+        asserts.push_str(&format!("_Static_assert(__builtin_offsetof(struct {s}, {m}) == {o}, \"{s}.{m}\");\n"));
+    }
+    compared.push("socket");
     // The headers every template includes, then only the assertions.
     let mut includes: Vec<&str> = Vec::new();
     for part in stage_parts.iter().chain(&block_parts).flatten() {
