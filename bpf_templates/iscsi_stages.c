@@ -64,19 +64,15 @@
 #endif
 
 /* Where the members of the connection's socket are (src/kernel_types.rs
- * NET_MEMBERS): byte offsets from vmlinux's BTF where it has them, so the
- * headers path needs no networking headers (on 5.10 they took the
- * preprocessed text from 54,500 lines to 94,700); else from the headers. */
+ * NET_MEMBERS): on the headers path, byte offsets from vmlinux's BTF where
+ * it has them, so no networking headers are compiled (on 5.10 they took
+ * the preprocessed text from 54,500 lines to 94,700); else from the types
+ * compiled (BTF-written, or the headers). */
 #define NET_OFFSETS {{NET_OFFSETS}}
 #if NET_OFFSETS
 #define SOCKET_SK_OFF {{SOCKET_SK_OFF}}
 #define TCP_TOTAL_RETRANS_OFF {{TCP_TOTAL_RETRANS_OFF}}
 #define TCP_RTT_MIN_OFF {{TCP_RTT_MIN_OFF}}
-#if BTF_TYPES
-_Static_assert(SOCKET_SK_OFF == __builtin_offsetof(struct socket, sk), "socket.sk");
-_Static_assert(TCP_TOTAL_RETRANS_OFF == __builtin_offsetof(struct tcp_sock, total_retrans), "tcp_sock.total_retrans");
-_Static_assert(TCP_RTT_MIN_OFF == __builtin_offsetof(struct tcp_sock, rtt_min), "tcp_sock.rtt_min");
-#endif
 #else
 #if !BTF_TYPES
 #include <linux/net.h>

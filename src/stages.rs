@@ -44,9 +44,9 @@ pub struct StagePlan {
     pub why_kprobes: Option<String>,
     /// Why the headers are compiled instead of types from BTF (said with -v).
     pub why_headers: Option<String>,
-    /// Byte offsets of `kernel_types::NET_MEMBERS` from vmlinux's BTF; None:
-    /// the program takes them from the types it compiles (the networking
-    /// headers on the headers path).
+    /// On the headers path, byte offsets of `kernel_types::NET_MEMBERS`
+    /// from vmlinux's BTF; None: the program takes them from the types it
+    /// compiles (BTF-written, or the networking headers).
     pub net_offsets: Option<[u32; 3]>,
     /// One line each for what this kernel cannot give, said once at start.
     pub notes: Vec<String>,
@@ -235,17 +235,20 @@ struct Layout {
 }
 
 /// The kernel types from BTF and the SCSI layout they give, else the
-/// layout from the headers (and why, in `why_headers`); the socket's
-/// offsets from vmlinux's BTF either way, where it has them.
+/// layout from the headers (and why, in `why_headers`) with the socket's
+/// offsets from vmlinux's BTF where it has them (the BTF-written types
+/// hold the socket's members themselves).
 fn layout(kernel: &Kernel, mut btf: Option<&mut crate::btf::Loaded>, tool_part: &str) -> Result<Layout> {
     let types = match btf.as_deref_mut() {
         Some(b) => kernel_types::from_btf(b, &parts(tool_part), kernel_types::ISCSI_MODULES),
         None => Err("no kernel BTF".to_string()),
     };
-    let net_offsets = btf.and_then(|b| kernel_types::net_offsets(b).ok());
     match types {
-        Ok(t) => Ok(Layout { scsi: ScsiLayout::from_types(&t)?, types: Some(t), why_headers: None, net_offsets }),
-        Err(why) => Ok(Layout { scsi: ScsiLayout::from_headers(&headers::header_dirs(kernel))?, types: None, why_headers: Some(why), net_offsets }),
+        Ok(t) => Ok(Layout { scsi: ScsiLayout::from_types(&t)?, types: Some(t), why_headers: None, net_offsets: None }),
+        Err(why) => {
+            let net_offsets = btf.and_then(|b| kernel_types::net_offsets(b).ok());
+            Ok(Layout { scsi: ScsiLayout::from_headers(&headers::header_dirs(kernel))?, types: None, why_headers: Some(why), net_offsets })
+        }
     }
 }
 
@@ -284,7 +287,7 @@ impl Tracing {
     pub fn health(&self) -> crate::prom::Health {
         use crate::maps::{self, Counter};
         let lost = match self.bpf.table("counters") {
-            Ok(mut c) => [Counter::Lost, Counter::InflightFull, Counter::EndNotSeen].iter().map(|k| (k.reason(), maps::counter(&mut c, *k))).collect(),
+            Ok(mut c) => Counter::UNCOUNTED.iter().map(|k| (k.reason(), maps::counter(&mut c, *k))).collect(),
             Err(_) => Vec::new(),
         };
         let programs = crate::progs::stats_enabled().then(|| {
