@@ -33,6 +33,9 @@ pub enum Counter {
 
 impl Counter {
     pub const ALL: [Counter; 8] = [Counter::Lost, Counter::EndedNoResponse, Counter::DispatchBusy, Counter::InflightFull, Counter::EndNotSeen, Counter::FreezeUnfiltered, Counter::SubmitTimed, Counter::NotSplit];
+    /// The commands a stage tool did not count, each by its reason (the
+    /// exporter's lost commands, iscstat's per-interval lost).
+    pub const UNCOUNTED: [Counter; 3] = [Counter::Lost, Counter::InflightFull, Counter::EndNotSeen];
 
     /// Why a command was not counted, for the exporter's label.
     pub fn reason(self) -> &'static str {

@@ -172,7 +172,7 @@ fn run(args: Args) -> Result<()> {
         let mut counters = t.bpf.table("counters")?;
         // Commands not counted: map full, an end the kernel did not let us
         // see, or a program hit the kernel skipped.
-        let lost = [Counter::Lost, Counter::InflightFull, Counter::EndNotSeen].iter().map(|c| maps::counter(&mut counters, *c)).sum::<u64>() + t.links.missed();
+        let lost = Counter::UNCOUNTED.iter().map(|c| maps::counter(&mut counters, *c)).sum::<u64>() + t.links.missed();
         let now = output::monotonic_ns();
         let stamp = if args.common.timestamp || !args.common.json { clock.wall(now) } else { format!("{:.3}", clock.since_start(now)) };
         if !args.quiet {
