@@ -1,5 +1,5 @@
 /* common.h: what every storprototrace program starts with.
- * BTF_TYPES (defined before this text by src/kernel_types.rs): the kernel
+ * BTF_TYPES (defined before this text by src/kernel/types.rs): the kernel
  * types the program reads are written from the running kernel's BTF,
  * instead of compiling the kernel's headers. pt_regs is what kprobe
  * handlers read.
@@ -29,7 +29,7 @@ BPF_PERCPU_ARRAY(ringbuf_batch, u32, 1);
 BPF_PERF_OUTPUT(events);
 #endif
 
-/* counters[i]: one name per slot, for every tool; src/maps.rs (Counter)
+/* counters[i]: one name per slot, for every tool; src/bpf/maps.rs (Counter)
  * has the same names and numbers, and a test checks that they agree. */
 #define CTR_LOST 0               /* an event or row that did not fit */
 #define CTR_ENDED_NO_RESPONSE 1  /* command aborted, failed by recovery, never sent */
@@ -55,7 +55,7 @@ static __always_inline void submit_event(void *ctx, void *ev, u32 size)
 {
 #if USE_RINGBUF
     /* Wake the reader once per RINGBUF_BATCH events of a CPU; it also
-     * drains the buffer at every poll timeout (100 ms, src/runner.rs), so
+     * drains the buffer at every poll timeout (100 ms, src/bpf/runner.rs), so
      * a lone event waits at most that long: one wake-up per batch instead
      * of one per event. (libbcc 0.26 has no ringbuf_query.) */
     u32 zero = 0;

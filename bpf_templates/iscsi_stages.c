@@ -12,7 +12,7 @@
  *            after an R2T
  *   t_done   entry of iscsi_complete_task(COMPLETED) the response completes it
  *
- * With FENTRY the programs are fentry/fexit (src/fentry.rs loads them
+ * With FENTRY the programs are fentry/fexit (src/bpf/fentry.rs loads them
  * against the modules' BTF): fexit sees the arguments and the return value
  * together. Without, kprobes and kretprobes, with the arguments saved per
  * thread at entry for the return probe.
@@ -36,7 +36,7 @@
  * told apart), is not split (counted, shown as '-'). RETX: the socket's
  * total_retrans at completion minus at PDU preparation: TCP segments
  * retransmitted on the command's connection while it was in flight. */
-/* The kernel types read here. With BTF_TYPES, src/kernel_types.rs writes
+/* The kernel types read here. With BTF_TYPES, src/kernel/types.rs writes
  * just these from the running kernel's BTF (much faster to compile);
  * else the headers below are compiled.
  * @struct Scsi_Host host_no
@@ -63,7 +63,7 @@
 #include <scsi/libiscsi_tcp.h>
 #endif
 
-/* Where the members of the connection's socket are (src/kernel_types.rs
+/* Where the members of the connection's socket are (src/kernel/types.rs
  * NET_MEMBERS): on the headers path, byte offsets from vmlinux's BTF where
  * it has them, so no networking headers are compiled (on 5.10 they took
  * the preprocessed text from 54,500 lines to 94,700); else from the types

@@ -9,14 +9,14 @@
  * scrape never walks them. */
 #define PER_LUN {{PER_LUN}}
 #define PER_DIR {{PER_DIR}}
-/* Exact Prometheus histogram buckets (src/prom.rs LE_NS holds the same
+/* Exact Prometheus histogram buckets (src/stages/stats.rs LE_NS holds the same
  * bounds): counted per row, stage and bucket when --prom-file is given. */
 #define PROM {{PROM}}
 /* Fine histograms for percentiles and log2 histograms (-P, -H). */
 #define FINE_HIST {{FINE_HIST}}
 #define EPOCH_ROWS 0
 #define EPOCH_FINE 1
-/* Stage numbers of sum[], max[] and hist_key.stage; src/stats.rs STAGES
+/* Stage numbers of sum[], max[] and hist_key.stage; src/stages/stats.rs STAGES
  * lists them in this order (a test checks). */
 #define STAGE_WAIT 0
 #define STAGE_SEND 1
@@ -102,7 +102,7 @@ static __always_inline u32 log2_floor(u64 v)
 
 /* Log-linear buckets of microseconds: 16 per power of two (at most 1/16
  * wide), so 1.0 ms and 1.3 ms land in different buckets, and log2
- * histograms in us are exact unions of them. src/stats.rs holds the
+ * histograms in us are exact unions of them. src/stages/stats.rs holds the
  * inverse. */
 static __always_inline u32 fine_bucket(u64 ns)
 {
@@ -172,7 +172,7 @@ static __always_inline void on_command_done(void *ctx,
     add_stage(v, &hk, &fk, STAGE_TOTAL, t->total);
     /* The socket's retransmit count as last seen, per connection, and as
      * it was when the first command timed on that socket was prepared:
-     * user space reports its growth per interval (src/stats.rs
+     * user space reports its growth per interval (src/stages/stats.rs
      * Retransmits). A relogin brings a new socket: counted from its own. */
     if (f->sk && t->retrans != RETX_UNKNOWN) {
         struct conn_key ck = {};

@@ -28,7 +28,7 @@
 
 #define SCSI_MLQUEUE_EH_RETRY 0x1057
 
-/* Event types: src/states.rs (Kind) has the same numbers; a test checks. */
+/* Event types: src/states/mod.rs (Kind) has the same numbers; a test checks. */
 #define EV_CONN_ERROR 1
 #define EV_CONN_STOP 2
 #define EV_CONN_START 3
@@ -61,7 +61,7 @@ struct stop_t {
 };
 BPF_HASH(stopping, u64, struct stop_t, 1024);
 
-/* Per SCSI host of an iSCSI session, written by user space (src/states.rs
+/* Per SCSI host of an iSCSI session, written by user space (src/states/mod.rs
  * Held): the window of its latest recovery episode, from its first failure
  * event to the unblock (until ~0 while it lasts). Requests of other hosts
  * are not looked at. */

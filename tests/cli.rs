@@ -65,7 +65,11 @@ fn missing_headers() {
     if unsafe { libc::geteuid() } != 0 {
         return one_line_error(&isclatency(&[], &[]), 1, "must be run as root");
     }
-    one_line_error(&isclatency(&[], &[("BCC_KERNEL_SOURCE", "/nonexistent/headers")]), 1, "kernel headers not found at /nonexistent/headers");
+    one_line_error(
+        &isclatency(&[], &[("BCC_KERNEL_SOURCE", "/nonexistent/headers")]),
+        1,
+        "kernel headers not found at /nonexistent/headers",
+    );
 }
 
 #[test]
@@ -98,7 +102,11 @@ fn ebpf_prints_the_program_without_root_or_iscsi() {
 fn iscstat_as_nobody(args: &[&str]) -> Output {
     let bin = env!("CARGO_BIN_EXE_iscstat");
     if unsafe { libc::geteuid() } == 0 {
-        Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", bin]).args(args).output().expect("setpriv")
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", bin])
+            .args(args)
+            .output()
+            .expect("setpriv")
     } else {
         Command::new(bin).args(args).output().unwrap()
     }
@@ -109,10 +117,20 @@ fn iscstat_ebpf_prints_the_program_without_root_or_iscsi() {
     let out = iscstat_as_nobody(&["--ebpf", "-L", "-D", "-r", "--lun", "3"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
-    for want in ["#define PER_LUN 1", "#define PER_DIR 1", "#define PROM 0", "#define FILTER_DIR 1", "#define FILTER_LUN 1", "#define FILTER_LUN_VALUE 3LL"] {
+    for want in [
+        "#define PER_LUN 1",
+        "#define PER_DIR 1",
+        "#define PROM 0",
+        "#define FILTER_DIR 1",
+        "#define FILTER_LUN 1",
+        "#define FILTER_LUN_VALUE 3LL",
+    ] {
         assert!(text.contains(want), "{want:?} missing from the program");
     }
-    assert!(text.contains("int stages_complete(") || text.contains("int fentry_complete("), "no completion function in the program");
+    assert!(
+        text.contains("int stages_complete(") || text.contains("int fentry_complete("),
+        "no completion function in the program"
+    );
     assert!(!text.contains("{{"), "placeholder left in the program");
 
     // --prom-file: iscstat checks at start, as the user it runs as, that it
@@ -179,7 +197,9 @@ fn iscstat_listen_bad_input() {
     let port = taken.local_addr().unwrap().port().to_string();
     check(iscstat_as_nobody(&["--listen", &port]), 1, &format!("--listen 127.0.0.1:{port}: cannot listen: "));
     // As an unprivileged user (ip_unprivileged_port_start is 1024 here).
-    let start: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start").map(|s| s.trim().parse().unwrap_or(1024)).unwrap_or(1024);
+    let start: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .map(|s| s.trim().parse().unwrap_or(1024))
+        .unwrap_or(1024);
     if start > 80 {
         check(iscstat_as_nobody(&["--listen", "80"]), 1, "ports below 1024 need root or CAP_NET_BIND_SERVICE");
     } else {
@@ -194,13 +214,21 @@ fn iscstat_listen_bad_input() {
 fn a_closed_pipe_ends_the_tool_quietly() {
     use std::io::Read;
     for tool in [env!("CARGO_BIN_EXE_isclatency"), env!("CARGO_BIN_EXE_iscfreeze")] {
-        let mut child = Command::new(tool).arg("--ebpf").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let mut child = Command::new(tool)
+            .arg("--ebpf")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
         drop(child.stdout.take()); // the reader is gone before the tool writes
         let mut err = String::new();
         child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
         let status = child.wait().unwrap();
         assert!(!err.contains("panicked"), "{tool}: {err}");
-        assert!(status.success() || std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGPIPE), "{tool}: {status:?} {err}");
+        assert!(
+            status.success() || std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGPIPE),
+            "{tool}: {status:?} {err}"
+        );
     }
 }
 
@@ -224,7 +252,11 @@ fn iscstates_bad_input() {
     iscstates_error(&["--sid", "-1"], 2, "unexpected argument '-1'");
     iscstates_error(&["--sid", "1) || (1"], 2, "invalid value '1) || (1' for '--sid <SID>'");
     iscstates_error(&["--target", "("], 2, "--target '(': bad regular expression");
-    iscstates_error(&["--prom-file", "/nonexistent-dir/x.prom"], 2, "--prom-file /nonexistent-dir/x.prom: cannot write in /nonexistent-dir");
+    iscstates_error(
+        &["--prom-file", "/nonexistent-dir/x.prom"],
+        2,
+        "--prom-file /nonexistent-dir/x.prom: cannot write in /nonexistent-dir",
+    );
     iscstates_error(&["--duration", "0"], 2, "--duration must be at least 1 second");
     iscstates_error(&["--lun", "1"], 2, "unexpected argument '--lun'");
 }

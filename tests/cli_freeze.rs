@@ -31,7 +31,11 @@ fn as_nobody(tool: &str, args: &[&str]) -> Output {
         _ => env!("CARGO_BIN_EXE_submitslower"),
     };
     if unsafe { libc::geteuid() } == 0 {
-        Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", bin]).args(args).output().expect("setpriv")
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", bin])
+            .args(args)
+            .output()
+            .expect("setpriv")
     } else {
         Command::new(bin).args(args).output().unwrap()
     }

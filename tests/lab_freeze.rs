@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use storprototrace::output::monotonic_ns;
+use storprototrace::cli::output::monotonic_ns;
 use support::*;
 
 fn ms(ns: u64) -> f64 {
@@ -24,7 +24,8 @@ fn scheduler(disk: &str) -> String {
 /// Switch the scheduler from a shell of its own: (pid of that shell, start, end).
 fn switch(disk: &str, to: &str) -> (u32, u64, u64) {
     let t0 = monotonic_ns();
-    let child = Command::new("sh").arg("-c").arg(format!("echo {to} > /sys/block/{disk}/queue/scheduler")).spawn().unwrap();
+    let child =
+        Command::new("sh").arg("-c").arg(format!("echo {to} > /sys/block/{disk}/queue/scheduler")).spawn().unwrap();
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
@@ -45,8 +46,13 @@ struct Run {
 /// fio writing to `disk` for `secs` seconds with iscfreeze and submitslower
 /// running; `k` scheduler switches (none <-> mq-deadline) in the middle.
 fn run_with_switches(disk: &str, k: usize, secs: u64) -> Run {
-    let [fz, ss]: [Traced; 2] = start_together(&[("iscfreeze", &["--json", "-u", "0"]), ("submitslower", &["--json", "-m", "1", "--iscsi"])]).try_into().ok().unwrap();
-    let job = fio_cmd(disk, "randwrite", 10_000_000, 8, &["--time_based", &format!("--runtime={secs}")]).spawn().unwrap();
+    let [fz, ss]: [Traced; 2] =
+        start_together(&[("iscfreeze", &["--json", "-u", "0"]), ("submitslower", &["--json", "-m", "1", "--iscsi"])])
+            .try_into()
+            .ok()
+            .unwrap();
+    let job =
+        fio_cmd(disk, "randwrite", 10_000_000, 8, &["--time_based", &format!("--runtime={secs}")]).spawn().unwrap();
     let fio_pid = job.id();
     std::thread::sleep(Duration::from_secs(3));
     let mut switches = Vec::new();
@@ -62,10 +68,15 @@ fn run_with_switches(disk: &str, k: usize, secs: u64) -> Run {
     assert!(fz.status.success(), "iscfreeze: {}", fz.stderr);
     assert!(ss.status.success(), "submitslower: {}", ss.stderr);
     let events = fz.json();
-    let on = |kind: &str| events.iter().filter(|e| e.str("kind") == kind && e.str("disk") == disk).cloned().collect::<Vec<_>>();
+    let on = |kind: &str| {
+        events.iter().filter(|e| e.str("kind") == kind && e.str("disk") == disk).cloned().collect::<Vec<_>>()
+    };
     let others: Vec<&Value> = events.iter().filter(|e| e.str("disk") != disk).collect();
     assert!(others.is_empty(), "freezes/quiesces on other disks: {others:?}");
-    println!("iscfreeze summary:\n{}", fz.stderr.lines().filter(|l| !l.starts_with("Tracing")).collect::<Vec<_>>().join("\n"));
+    println!(
+        "iscfreeze summary:\n{}",
+        fz.stderr.lines().filter(|l| !l.starts_with("Tracing")).collect::<Vec<_>>().join("\n")
+    );
     let said = fz.stderr.lines().filter(|l| l.contains("note:")).collect::<Vec<_>>().join("\n");
     Run { freezes: on("freeze"), quiesces: on("quiesce"), slow: ss.json(), switches, fio: f, fio_pid, said }
 }
@@ -81,12 +92,23 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     // run where none holds it unlikely (under 1%).
     let k = 12;
     let r = run_with_switches(&d, k, 12);
-    println!("{k} switches on {d} during fio ({} I/Os, {:.0} IOPS): {} freezes, {} quiesces", r.fio.ios(), r.fio.ios() as f64 * 1000.0 / r.fio.runtime_ms, r.freezes.len(), r.quiesces.len());
+    println!(
+        "{k} switches on {d} during fio ({} I/Os, {:.0} IOPS): {} freezes, {} quiesces",
+        r.fio.ios(),
+        r.fio.ios() as f64 * 1000.0 / r.fio.runtime_ms,
+        r.freezes.len(),
+        r.quiesces.len()
+    );
     for f in &r.freezes {
         println!(
             "  freeze by {} {}: frozen {:.3} ms, waiters {} (max {:.3} ms, total {:.3} ms); stack {}",
-            f.str("comm"), f.u64("pid"), ms(f.u64("frozen_ns")), f.u64("waiters"),
-            ms(f.u64("wait_max_ns")), ms(f.u64("wait_total_ns")), f.str("stack")
+            f.str("comm"),
+            f.u64("pid"),
+            ms(f.u64("frozen_ns")),
+            f.u64("waiters"),
+            ms(f.u64("wait_max_ns")),
+            ms(f.u64("wait_total_ns")),
+            f.str("stack")
         );
     }
     // 6.1: elevator_switch() freezes once per switch (and quiesces inside the freeze).
@@ -99,7 +121,9 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
         // The freeze is taken in the elevator switch (5.10, 6.1) or, from
         // 6.12, by the queue's sysfs store itself before it switches.
         assert!(
-            ["elevator_switch", "elevator_change", "elv_iosched_store", "queue_attr_store"].iter().any(|f| stack.contains(f)),
+            ["elevator_switch", "elevator_change", "elv_iosched_store", "queue_attr_store"]
+                .iter()
+                .any(|f| stack.contains(f)),
             "stack shows the scheduler switch: {stack}"
         );
         let (s, e) = (f.u64("start_ns"), f.u64("end_ns"));
@@ -111,7 +135,12 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     println!("I/O delayed behind the {k} freezes: {delayed} submissions");
     for q in &r.quiesces {
         let qs = q.str("stack");
-        assert!(["elevator_switch", "elevator_change", "elv_iosched_store", "queue_attr_store"].iter().any(|f| qs.contains(f)), "{q}");
+        assert!(
+            ["elevator_switch", "elevator_change", "elv_iosched_store", "queue_attr_store"]
+                .iter()
+                .any(|f| qs.contains(f)),
+            "{q}"
+        );
         assert!(q["waiters"].is_null(), "{q}");
     }
 
@@ -150,7 +179,12 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     let r0 = run_with_switches(&d, 0, 12);
     assert_eq!(scheduler(&d), before);
     let fio_slow0 = r0.slow.iter().filter(|s| s.str("comm") == "fio").count();
-    println!("no switching: {} I/Os, {} freezes, {} quiesces, {fio_slow0} slow submissions by fio", r0.fio.ios(), r0.freezes.len(), r0.quiesces.len());
+    println!(
+        "no switching: {} I/Os, {} freezes, {} quiesces, {fio_slow0} slow submissions by fio",
+        r0.fio.ios(),
+        r0.freezes.len(),
+        r0.quiesces.len()
+    );
     assert_eq!(r0.freezes.len(), 0, "no freeze without a switch: {:?}", r0.freezes);
     assert_eq!(r0.quiesces.len(), 0, "no quiesce without a switch: {:?}", r0.quiesces);
 }
@@ -192,14 +226,31 @@ fn connection_loss_is_a_quiesce_from_failure_to_relogin() {
     let events = out.json();
     let states = states.lock().unwrap().clone();
     let conn_err = kernel_log(&format!("connection{sid}:0: detected conn error"));
-    println!("fio through the outage: {} I/Os; loss on {:.3} s, off {:.3} s (monotonic)", f.ios(), loss_on as f64 / 1e9, loss_off as f64 / 1e9);
-    println!("session {sid} states: {:?}", states.iter().map(|(t, s)| format!("{s}@{:.3}", *t as f64 / 1e9)).collect::<Vec<_>>());
-    println!("kernel log 'detected conn error' on connection{sid}:0 at {:?} s", conn_err.iter().map(|t| *t as f64 / 1e9).collect::<Vec<_>>());
+    println!(
+        "fio through the outage: {} I/Os; loss on {:.3} s, off {:.3} s (monotonic)",
+        f.ios(),
+        loss_on as f64 / 1e9,
+        loss_off as f64 / 1e9
+    );
+    println!(
+        "session {sid} states: {:?}",
+        states.iter().map(|(t, s)| format!("{s}@{:.3}", *t as f64 / 1e9)).collect::<Vec<_>>()
+    );
+    println!(
+        "kernel log 'detected conn error' on connection{sid}:0 at {:?} s",
+        conn_err.iter().map(|t| *t as f64 / 1e9).collect::<Vec<_>>()
+    );
     for e in &events {
         println!(
             "  {} {} by {} {}: {:.3} s .. {:.3} s = {:.3} s; stack {}",
-            e.str("kind"), e.str("disk"), e.str("comm"), e.u64("pid"),
-            e.u64("start_ns") as f64 / 1e9, e.u64("end_ns") as f64 / 1e9, e.u64("frozen_ns") as f64 / 1e9, e.str("stack")
+            e.str("kind"),
+            e.str("disk"),
+            e.str("comm"),
+            e.u64("pid"),
+            e.u64("start_ns") as f64 / 1e9,
+            e.u64("end_ns") as f64 / 1e9,
+            e.u64("frozen_ns") as f64 / 1e9,
+            e.str("stack")
         );
     }
     // The outage itself only quiesces. open-iscsi 2.1.10 and later (trixie's
@@ -210,11 +261,21 @@ fn connection_loss_is_a_quiesce_from_failure_to_relogin() {
     // the same disk ended; any other freeze fails the test.
     let (quiesces, freezes): (Vec<&Value>, Vec<&Value>) = events.iter().partition(|e| e.str("kind") == "quiesce");
     for f in &freezes {
-        assert!(f.str("comm") == "iscsid" && f.str("stack").contains("scsi_rescan_device"), "a connection loss freezes nothing but through iscsid's rescan after the re-login: {f}");
+        assert!(
+            f.str("comm") == "iscsid" && f.str("stack").contains("scsi_rescan_device"),
+            "a connection loss freezes nothing but through iscsid's rescan after the re-login: {f}"
+        );
         let q_end = quiesces.iter().filter(|q| q.str("disk") == f.str("disk")).map(|q| q.u64("end_ns")).max();
-        assert!(q_end.is_some_and(|e| f.u64("start_ns") >= e), "the rescan's freeze of {} comes after the outage's quiesce of it: {f}", f.str("disk"));
+        assert!(
+            q_end.is_some_and(|e| f.u64("start_ns") >= e),
+            "the rescan's freeze of {} comes after the outage's quiesce of it: {f}",
+            f.str("disk")
+        );
     }
-    println!("{} freezes by iscsid's rescan after the re-login (open-iscsi 2.1.10 and later rescan on re-login)", freezes.len());
+    println!(
+        "{} freezes by iscsid's rescan after the re-login (open-iscsi 2.1.10 and later rescan on re-login)",
+        freezes.len()
+    );
     let lab_disks: Vec<&str> = lab.disks.iter().map(String::as_str).collect();
     assert!(events.iter().all(|e| lab_disks.contains(&e.str("disk"))), "only iSCSI disks");
     let q: Vec<&Value> = quiesces.iter().copied().filter(|e| e.str("disk") == d).collect();

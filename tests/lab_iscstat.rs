@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 use support::*;
 
-
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
@@ -18,7 +17,13 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     let (d0, d1) = (&lab.disks[0], &lab.disks[1]);
     let sid = sid_of(d0).to_string();
     assert_eq!(sid, sid_of(d1).to_string(), "the first two lab disks are LUNs 0 and 1 of one target");
-    let [stat, lat]: [Traced; 2] = start_together(&[("iscstat", &["1", "--json", "-L", "-D", "-P", "--sid", &sid]), ("isclatency", &["-u", "0", "--json", "--sid", &sid])]).try_into().ok().unwrap();
+    let [stat, lat]: [Traced; 2] = start_together(&[
+        ("iscstat", &["1", "--json", "-L", "-D", "-P", "--sid", &sid]),
+        ("isclatency", &["-u", "0", "--json", "--sid", &sid]),
+    ])
+    .try_into()
+    .ok()
+    .unwrap();
     let f0 = fio(d0, "randrw", 1000, 8, &[]);
     let f1 = {
         let _delay = Netem::add("delay 5ms");
@@ -35,11 +40,22 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     // kprobes, a program the kernel skipped: Finished::untimed; 5.10 in CI
     // counted 199 of 200 reads under netem).
     let untimed = stat.untimed();
-    println!("LUN 0: fio {} R {} W; iscstat {} R {} W; LUN 1: fio {} R, iscstat {} R; iscstat says {untimed} not counted", f0.reads, f0.writes, sum(0, "R", "count"), sum(0, "W", "count"), f1.reads, sum(1, "R", "count"));
+    println!(
+        "LUN 0: fio {} R {} W; iscstat {} R {} W; LUN 1: fio {} R, iscstat {} R; iscstat says {untimed} not counted",
+        f0.reads,
+        f0.writes,
+        sum(0, "R", "count"),
+        sum(0, "W", "count"),
+        f1.reads,
+        sum(1, "R", "count")
+    );
     let mut left = untimed;
     for (lun, dir, fio_count) in [(0, "R", f0.reads), (0, "W", f0.writes), (1, "R", f1.reads)] {
         let seen = sum(lun, dir, "count");
-        assert!(seen <= fio_count && fio_count - seen <= left, "LUN {lun} {dir}: iscstat counted {seen} of fio's {fio_count}, and says {untimed} were not counted in all");
+        assert!(
+            seen <= fio_count && fio_count - seen <= left,
+            "LUN {lun} {dir}: iscstat counted {seen} of fio's {fio_count}, and says {untimed} were not counted in all"
+        );
         left -= fio_count - seen;
     }
     assert_eq!(sum(0, "R", "bytes") + sum(0, "W", "bytes"), 4096 * (sum(0, "R", "count") + sum(0, "W", "count")));
@@ -58,7 +74,11 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     assert!(wavg("wait_avg_ns") < 2e6 && wavg("send_avg_ns") < 2e6);
     let cmds: Vec<Value> = lat.json().into_iter().filter(|c| c.u64("lun") == 1).collect();
     let slack = untimed + lat.untimed();
-    assert!((cmds.len() as u64).abs_diff(n) <= slack, "isclatency showed {} commands of LUN 1, iscstat counted {n}, the two say {slack} were not timed", cmds.len());
+    assert!(
+        (cmds.len() as u64).abs_diff(n) <= slack,
+        "isclatency showed {} commands of LUN 1, iscstat counted {n}, the two say {slack} were not timed",
+        cmds.len()
+    );
     let lat_mean = cmds.iter().map(|c| c.u64("total_ns") as f64).sum::<f64>() / n as f64;
     let stat_mean = wavg("total_avg_ns");
     println!("netem 5 ms, LUN 1: iscstat TOTAL avg {:.3} ms (RESP avg {:.3} ms), isclatency mean TOTAL {:.3} ms, ratio {:.4}", stat_mean / 1e6, wavg("resp_avg_ns") / 1e6, lat_mean / 1e6, stat_mean / lat_mean);
@@ -69,7 +89,6 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     // VMs competing for two cores.
     assert!((stat_mean / lat_mean - 1.0).abs() < 0.06, "the two tools disagree");
 }
-
 
 /// Per (sid, lun) command counts summed over every interval.
 fn counts(rows: &[Value]) -> HashMap<(u64, u64), u64> {
@@ -106,7 +125,10 @@ fn abuse_exporter(addr: &'static str) -> std::thread::JoinHandle<(std::net::TcpS
 
 /// The Prometheus bucket (index into LE_NS, len = +Inf) holding `ns`.
 fn le_bucket(ns: f64) -> usize {
-    storprototrace::prom::LE_NS.iter().position(|&le| ns <= le as f64).unwrap_or(storprototrace::prom::LE_NS.len())
+    storprototrace::stages::stats::LE_NS
+        .iter()
+        .position(|&le| ns <= le as f64)
+        .unwrap_or(storprototrace::stages::stats::LE_NS.len())
 }
 
 #[test]
@@ -123,7 +145,11 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     let prom_dir = tempfile::tempdir().expect("temporary directory");
     let prom = prom_dir.path().join("iscstat-test.prom");
     // One report, at the end: the same commands as Prometheus' counters.
-    let all = spawn("iscstat", &["3600", "--json", "-L", "-D", "-P", "--prom-file", prom.to_str().unwrap(), "--listen", "9464"], &[]);
+    let all = spawn(
+        "iscstat",
+        &["3600", "--json", "-L", "-D", "-P", "--prom-file", prom.to_str().unwrap(), "--listen", "9464"],
+        &[],
+    );
     let t2 = spawn("iscstat", &["1", "--json", "-L", "--target", "target2$"], &[]);
     let lat = spawn("isclatency", &["-u", "0", "--json"], &[]);
     let (all, t2, lat) = (all.ready(), t2.ready(), lat.ready());
@@ -133,8 +159,12 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     let watched = std::time::Instant::now();
     let rss_before = all.rss_kb();
     let abuse = abuse_exporter(EXPORTER);
-    let jobs: Vec<_> = [(0usize, 1500u64), (1, 700), (2, 1200)].iter().map(|&(i, n)| (i, fio_cmd(&d[i], "randrw", n, 32, &[]).spawn().unwrap())).collect();
-    let f: HashMap<usize, Fio> = jobs.into_iter().map(|(i, j)| (i, fio_result(j.wait_with_output().unwrap()))).collect();
+    let jobs: Vec<_> = [(0usize, 1500u64), (1, 700), (2, 1200)]
+        .iter()
+        .map(|&(i, n)| (i, fio_cmd(&d[i], "randrw", n, 32, &[]).spawn().unwrap()))
+        .collect();
+    let f: HashMap<usize, Fio> =
+        jobs.into_iter().map(|(i, j)| (i, fio_result(j.wait_with_output().unwrap()))).collect();
     let (idle, bad) = abuse.join().expect("abusing client");
     let rss_after = all.rss_kb();
     println!("exporter: RSS {rss_before} kB before 1,000 requests, {rss_after} kB after; {} bad replies", bad.len());
@@ -169,16 +199,29 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     let runs = server.one("sum(iscsi_tracer_bpf_runs_total{program=~\"(fentry|stages)_complete\"})");
     let run_s = server.one("sum(iscsi_tracer_bpf_run_seconds_total)");
     let ios: u64 = f.values().map(|x| x.ios()).sum();
-    println!("prometheus: completion program ran {runs} times for {ios} fio I/Os; the tracer's programs ran {:.3} s in all", run_s);
+    println!(
+        "prometheus: completion program ran {runs} times for {ios} fio I/Os; the tracer's programs ran {:.3} s in all",
+        run_s
+    );
     assert!(runs >= ios as f64 && runs <= ios as f64 * 1.2 + 100.0, "completion program runs {runs} for {ios} I/Os");
     assert!(run_s > 0.0);
     // A scrape of our own, checked by promtool.
     let (code, metrics) = http_get(EXPORTER, "/metrics");
     assert_eq!(code, 200);
-    let mut check = std::process::Command::new("promtool").args(["check", "metrics"]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("promtool");
+    let mut check = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool");
     std::io::Write::write_all(&mut check.stdin.take().unwrap(), metrics.as_bytes()).unwrap();
     let check = check.wait_with_output().unwrap();
-    println!("promtool on a scrape: {}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
+    println!(
+        "promtool on a scrape: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
     assert!(check.status.success(), "promtool rejected a scrape");
     let quantiles: Vec<(usize, &str, f64)> = [0usize, 2].iter().flat_map(|&i| ["read", "write"].map(|dir| (i, dir))).map(|(i, dir)| {
         (i, dir, server.one(&format!("histogram_quantile(0.5, sum by (le) (iscsi_command_stage_seconds_bucket{{device=\"{}\",direction=\"{dir}\",stage=\"total\"}}))", d[i])))
@@ -200,20 +243,34 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     // "lost" counts commands not counted and probe hits the kernel skipped
     // (a skipped xmit return moves time from SEND to RESP, never a count):
     // the counts above are exact, the lost commands were 0 in Prometheus.
-    println!("iscstat: lost or skipped {}; Prometheus: skipped probe hits {skipped}", rows.iter().map(|r| r.u64("lost")).max().unwrap_or(0));
+    println!(
+        "iscstat: lost or skipped {}; Prometheus: skipped probe hits {skipped}",
+        rows.iter().map(|r| r.u64("lost")).max().unwrap_or(0)
+    );
     // histogram_quantile of Prometheus' buckets against iscstat's own p50
     // (fine buckets) for the same commands: within one Prometheus bucket.
     for (i, dir, q) in quantiles {
         let letter = if dir == "read" { "R" } else { "W" };
-        let row = rows.iter().find(|r| (r.u64("sid"), r.u64("lun")) == key(i) && r.str("dir") == letter).unwrap_or_else(|| panic!("no iscstat row for {} {dir}", d[i]));
+        let row = rows
+            .iter()
+            .find(|r| (r.u64("sid"), r.u64("lun")) == key(i) && r.str("dir") == letter)
+            .unwrap_or_else(|| panic!("no iscstat row for {} {dir}", d[i]));
         let ours = row.u64("total_p50_ns") as f64;
         println!("p50 of TOTAL for {} {dir}: Prometheus {:.3} ms, iscstat {:.3} ms", d[i], q * 1e3, ours / 1e6);
-        assert!(le_bucket(q * 1e9).abs_diff(le_bucket(ours)) <= 1, "{} {dir}: Prometheus p50 {q} s vs iscstat {ours} ns", d[i]);
+        assert!(
+            le_bucket(q * 1e9).abs_diff(le_bucket(ours)) <= 1,
+            "{} {dir}: Prometheus p50 {q} s vs iscstat {ours} ns",
+            d[i]
+        );
     }
     let c2 = counts(&t2.json());
     assert!(c2.keys().all(|k| k.0 == key(2).0), "--target target2$ showed another session: {c2:?}");
     assert_eq!(c2.get(&key(2)).copied().unwrap_or(0), f[&2].ios());
-    assert_eq!(lat.json().len() as u64, f.values().map(|x| x.ios()).sum::<u64>(), "isclatency at the same time is exact too");
+    assert_eq!(
+        lat.json().len() as u64,
+        f.values().map(|x| x.ios()).sum::<u64>(),
+        "isclatency at the same time is exact too"
+    );
     let run_ns = all.elapsed.as_nanos() as u64;
     for r in all.json() {
         for st in ["wait", "send", "resp", "total"] {
@@ -223,12 +280,24 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     }
     // The Prometheus file: valid for promtool, and its counters add up.
     let text = std::fs::read_to_string(&prom).expect("prom file written");
-    let check = std::process::Command::new("promtool").args(["check", "metrics"]).stdin(std::fs::File::open(&prom).unwrap()).output().expect("promtool");
+    let check = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&prom).unwrap())
+        .output()
+        .expect("promtool");
     println!("promtool: {}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
     assert!(check.status.success(), "promtool rejected the file");
-    let total: u64 = text.lines().filter(|l| l.starts_with("iscsi_commands_total{")).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum();
+    let total: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("iscsi_commands_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
     assert_eq!(total, f.values().map(|x| x.ios()).sum::<u64>(), "iscsi_commands_total");
-    let inf: u64 = text.lines().filter(|l| l.starts_with("iscsi_command_stage_seconds_bucket{") && l.contains("stage=\"total\",le=\"+Inf\"")).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum();
+    let inf: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("iscsi_command_stage_seconds_bucket{") && l.contains("stage=\"total\",le=\"+Inf\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
     assert_eq!(inf, total);
 }
 
@@ -276,11 +345,23 @@ fn iscstat_rows_follow_logout_and_relogin() {
     assert!(out.status.success(), "{}", out.stderr);
     println!("exporter: {scrapes} scrapes across logout and login, {} failed", failed.len());
     assert!(scrapes >= 10 && failed.is_empty(), "scrapes failed: {failed:?}");
-    assert!(last.contains(&format!("iscsi_commands_total{{sid=\"{new_sid}\",")), "the new session's series resume: {last}");
-    assert!(!last.contains(&format!("sid=\"{old_sid}\"")) || old_sid == new_sid as u32, "the logged-out session's series stop: {last}");
+    assert!(
+        last.contains(&format!("iscsi_commands_total{{sid=\"{new_sid}\",")),
+        "the new session's series resume: {last}"
+    );
+    assert!(
+        !last.contains(&format!("sid=\"{old_sid}\"")) || old_sid == new_sid as u32,
+        "the logged-out session's series stop: {last}"
+    );
     let rows = out.json();
     let per_sid = |sid: u64| rows.iter().filter(|r| r.u64("sid") == sid).map(|r| r.u64("count")).sum::<u64>();
-    println!("session {s1}: fio {} iscstat {}; re-logged session {new_sid} ({disk}): fio {} iscstat {}", f0.ios(), per_sid(s1), after.ios(), per_sid(new_sid));
+    println!(
+        "session {s1}: fio {} iscstat {}; re-logged session {new_sid} ({disk}): fio {} iscstat {}",
+        f0.ios(),
+        per_sid(s1),
+        after.ios(),
+        per_sid(new_sid)
+    );
     assert_eq!(per_sid(s1), f0.ios(), "the other session's count must stay exact");
     assert!(per_sid(new_sid) >= after.ios(), "rows of the new session must appear without a restart");
     let times: Vec<&str> = rows.iter().filter(|r| r.u64("sid") == new_sid).map(|r| r.str("time")).collect();

@@ -31,11 +31,20 @@ fn every_tool_starts_and_reports_its_probe_points() {
             // The stage probes are fentry/fexit wherever the iSCSI modules
             // have BTF (and the kernel a ring buffer), kprobes elsewhere.
             let module_btf = std::path::Path::new("/sys/kernel/btf/libiscsi").exists();
-            assert_eq!(probes.iter().all(|p| p.starts_with("fentry:") || p.starts_with("fexit:")), module_btf, "{tool}: {probes:?}");
+            assert_eq!(
+                probes.iter().all(|p| p.starts_with("fentry:") || p.starts_with("fexit:")),
+                module_btf,
+                "{tool}: {probes:?}"
+            );
         }
         // Kernel types come from BTF wherever the kernel has it for every
         // type read: vmlinux for the block tools, the modules for the others.
-        let btf = std::path::Path::new(if ["isclatency", "iscstat"].contains(tool) { "/sys/kernel/btf/libiscsi" } else { "/sys/kernel/btf/vmlinux" }).exists();
+        let btf = std::path::Path::new(if ["isclatency", "iscstat"].contains(tool) {
+            "/sys/kernel/btf/libiscsi"
+        } else {
+            "/sys/kernel/btf/vmlinux"
+        })
+        .exists();
         assert_eq!(out.stderr.contains("kernel types from BTF"), btf, "{tool}: {}", out.stderr);
         println!("{row}");
     }
@@ -48,8 +57,10 @@ fn every_tool_starts_and_reports_its_probe_points() {
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn kernel_types_agree_with_the_headers() {
-    use storprototrace::headers::{self, BlockLayout, ScsiLayout};
-    use storprototrace::{btf::Loaded, kernel::Kernel, kernel_types, runner, stages, templates};
+    use storprototrace::bpf::{runner, templates};
+    use storprototrace::kernel::headers::{self, BlockLayout, ScsiLayout};
+    use storprototrace::kernel::{btf::Loaded, types as kernel_types, Kernel};
+    use storprototrace::stages;
     let _lab = lab();
     let mut kernel = Kernel::detect();
     kernel.cflags.push("-w".into()); // the kernel headers' own warnings (pages of them on 7.3)
@@ -70,16 +81,23 @@ fn kernel_types_agree_with_the_headers() {
                 compared.push("SCSI/iSCSI");
             }
             // Without module BTF (5.10) the types are not written: the headers are used.
-            Err(why) => assert!(!std::path::Path::new("/sys/kernel/btf/libiscsi").exists(), "module BTF present, yet: {why}"),
+            Err(why) => {
+                assert!(!std::path::Path::new("/sys/kernel/btf/libiscsi").exists(), "module BTF present, yet: {why}")
+            }
         }
     }
     let from_headers = BlockLayout::from_headers(&dirs).unwrap();
     for (i, parts) in block_parts.iter().enumerate() {
-        let t = kernel_types::from_btf(&mut btf, parts, &[]).unwrap_or_else(|why| panic!("vmlinux BTF present, yet: {why}"));
+        let t = kernel_types::from_btf(&mut btf, parts, &[])
+            .unwrap_or_else(|why| panic!("vmlinux BTF present, yet: {why}"));
         let l = BlockLayout::from_types(&t);
         // Each tool's types say what it reads: the queue (iscfreeze), the bio (submitslower).
         if i == 0 {
-            assert_eq!((l.queue_disk, l.quiesce_depth), (from_headers.queue_disk, from_headers.quiesce_depth), "iscfreeze");
+            assert_eq!(
+                (l.queue_disk, l.quiesce_depth),
+                (from_headers.queue_disk, from_headers.quiesce_depth),
+                "iscfreeze"
+            );
         } else {
             assert_eq!(l.bio_bdev, from_headers.bio_bdev, "submitslower");
         }
@@ -103,7 +121,8 @@ fn kernel_types_agree_with_the_headers() {
         }
     }
     let checks: Vec<&str> = asserts.lines().filter(|l| l.starts_with("_Static_assert")).collect();
-    let text = format!("{}\n{}\nint kernel_types_check(void *ctx) {{ return 0; }}\n", includes.join("\n"), checks.join("\n"));
+    let text =
+        format!("{}\n{}\nint kernel_types_check(void *ctx) {{ return 0; }}\n", includes.join("\n"), checks.join("\n"));
     let t0 = std::time::Instant::now();
     let mut checked = checks.len();
     if let Err(e) = runner::compile(&kernel, &text) {
@@ -112,11 +131,24 @@ fn kernel_types_agree_with_the_headers() {
         // there the tcp_sock offsets are checked only by the asserts in the
         // program itself (from BTF). Said, and everything else still checked.
         let tcp = |l: &&str| l.contains("linux/tcp.h") || l.contains("struct tcp_sock");
-        let (inc, chk): (Vec<&str>, Vec<&str>) = (includes.iter().copied().filter(|l| !tcp(l)).collect(), checks.iter().copied().filter(|l| !tcp(l)).collect());
-        let text2 = format!("{}\n{}\nint kernel_types_check(void *ctx) {{ return 0; }}\n", inc.join("\n"), chk.join("\n"));
-        runner::compile(&kernel, &text2).unwrap_or_else(|e2| panic!("the headers disagree with BTF: {e2}\n(with linux/tcp.h: {e})\n{text2}"));
-        println!("kernel {}: NOTE: linux/tcp.h does not compile with this libbcc ({e}); compared without struct tcp_sock", kernel.release);
+        let (inc, chk): (Vec<&str>, Vec<&str>) = (
+            includes.iter().copied().filter(|l| !tcp(l)).collect(),
+            checks.iter().copied().filter(|l| !tcp(l)).collect(),
+        );
+        let text2 =
+            format!("{}\n{}\nint kernel_types_check(void *ctx) {{ return 0; }}\n", inc.join("\n"), chk.join("\n"));
+        runner::compile(&kernel, &text2)
+            .unwrap_or_else(|e2| panic!("the headers disagree with BTF: {e2}\n(with linux/tcp.h: {e})\n{text2}"));
+        println!(
+            "kernel {}: NOTE: linux/tcp.h does not compile with this libbcc ({e}); compared without struct tcp_sock",
+            kernel.release
+        );
         checked = chk.len();
     }
-    println!("kernel {}: {checked} offsets and sizes from BTF ({}) agree with the headers (compiled in {:.1} s)", kernel.release, compared.join(", "), t0.elapsed().as_secs_f64());
+    println!(
+        "kernel {}: {checked} offsets and sizes from BTF ({}) agree with the headers (compiled in {:.1} s)",
+        kernel.release,
+        compared.join(", "),
+        t0.elapsed().as_secs_f64()
+    );
 }

@@ -6,18 +6,19 @@ use clap::Parser;
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use storprototrace::blockdev::{self, BlockDevs};
+use storprototrace::bpf::events::FreezeEvent;
+use storprototrace::bpf::maps::{self, Counter};
+use storprototrace::bpf::runner::{self, Events, Stop};
+use storprototrace::cli::json;
+use storprototrace::cli::output::{self, Clock, Out, Unit};
 use storprototrace::cli::{self, Common, Threshold};
-use storprototrace::events::FreezeEvent;
 use storprototrace::freeze::{self, DiskNamer, Ended, FreezePlan, Matcher, Total};
-use storprototrace::headers::BlockLayout;
-use storprototrace::kernel_types;
+use storprototrace::iscsi::blockdev::{self, BlockDevs};
+use storprototrace::kernel::headers::BlockLayout;
+use storprototrace::kernel::ksyms::{self, Ksyms};
+use storprototrace::kernel::types as kernel_types;
 use storprototrace::kernel::Kernel;
-use storprototrace::ksyms::{self, Ksyms};
-use storprototrace::maps::{self, Counter};
-use storprototrace::output::{self, Clock, Out, Unit};
-use storprototrace::runner::{self, Events, Stop};
-use storprototrace::{error, json, Error, Result};
+use storprototrace::{error, Error, Result};
 
 const ABOUT: &str = "Trace request-queue freezes and quiesces of iSCSI disks (all disks with --all-disks).
 
@@ -86,9 +87,20 @@ fn run(args: Args) -> Result<()> {
         }
         let (types, layout) = BlockLayout::choose(&kernel, freeze::PARTS);
         let layout = layout.unwrap_or_else(|_| BlockLayout::modern());
-        let plan = FreezePlan::choose(&kernel, layout).unwrap_or(FreezePlan { probes: vec![], notes: vec![], layout, ringbuf: true });
+        let plan = FreezePlan::choose(&kernel, layout).unwrap_or(FreezePlan {
+            probes: vec![],
+            notes: vec![],
+            layout,
+            ringbuf: true,
+        });
         let ringbuf = kernel.ringbuf || kernel.function_count() == 0;
-        println!("{}", kernel_types::program(types.as_ref().ok(), &FreezePlan { ringbuf, ..plan }.render(min_us, !args.all_disks)?));
+        println!(
+            "{}",
+            kernel_types::program(
+                types.as_ref().ok(),
+                &FreezePlan { ringbuf, ..plan }.render(min_us, !args.all_disks)?
+            )
+        );
         return Ok(());
     }
 
@@ -115,7 +127,8 @@ fn run(args: Args) -> Result<()> {
     for n in &plan.notes {
         eprintln!("iscfreeze: note: {n}");
     }
-    let mut bpf = runner::compile(&kernel, &kernel_types::program(types.as_ref().ok(), &plan.render(min_us, wanted.is_some())?))?;
+    let mut bpf =
+        runner::compile(&kernel, &kernel_types::program(types.as_ref().ok(), &plan.render(min_us, wanted.is_some())?))?;
     maps::check_sizes(bpf.table("totals")?, "totals", Total::KEY_SIZE, Total::SIZE)?;
     if let Some(w) = &wanted {
         let mut set = bpf.table("disks")?;
@@ -131,7 +144,11 @@ fn run(args: Args) -> Result<()> {
         unit,
         clock: Clock::start(),
         ksyms: Ksyms::load(),
-        namer: DiskNamer { layout: plan.layout, devs: BlockDevs::read(sys), wanted: wanted.as_ref().map(|w| w.iter().map(|(_, d)| *d).collect::<HashSet<u32>>()) },
+        namer: DiskNamer {
+            layout: plan.layout,
+            devs: BlockDevs::read(sys),
+            wanted: wanted.as_ref().map(|w| w.iter().map(|(_, d)| *d).collect::<HashSet<u32>>()),
+        },
         matcher: Matcher::default(),
         shown: 0,
         malformed: 0,
@@ -143,7 +160,11 @@ fn run(args: Args) -> Result<()> {
     };
     let amount = if unit == Unit::Ms { min_us / 1000 } else { min_us };
     let limit = if min_us == 0 { String::new() } else { format!(" of {amount} {} or more", unit.label()) };
-    output::status(args.common.json, &mut out, &format!("Tracing queue freezes and quiesces{limit} on {scope}... Hit Ctrl-C to end."));
+    output::status(
+        args.common.json,
+        &mut out,
+        &format!("Tracing queue freezes and quiesces{limit} on {scope}... Hit Ctrl-C to end."),
+    );
     if !args.common.json {
         out.line(&view.header());
     }
@@ -174,21 +195,41 @@ fn run(args: Args) -> Result<()> {
     let mut active = bpf.table("active")?;
     let still = maps::count_entries(&mut active, 1 << 12);
     let mut totals = bpf.table("totals")?;
-    let totals: Vec<Total> = maps::entries(&mut totals, 1 << 12).iter().filter_map(|(k, v)| Total::parse(k, v)).collect();
+    let totals: Vec<Total> =
+        maps::entries(&mut totals, 1 << 12).iter().filter_map(|(k, v)| Total::parse(k, v)).collect();
     let per_disk = freeze::summarise(&totals, &mut view.namer);
     if !out.closed() {
         let u = unit;
         let mut lines = vec![format!(
             "{:<8} {:>7} {:>12} {:>8} {:>12} {:>12} {:>8} {:>12}",
-            "DISK", "FREEZES", format!("FROZEN({})", u.label()), "DELAYED", format!("WAITED({})", u.label()), format!("MAXWAIT({})", u.label()), "QUIESCES", format!("QUIESCED({})", u.label())
+            "DISK",
+            "FREEZES",
+            format!("FROZEN({})", u.label()),
+            "DELAYED",
+            format!("WAITED({})", u.label()),
+            format!("MAXWAIT({})", u.label()),
+            "QUIESCES",
+            format!("QUIESCED({})", u.label())
         )];
         for (d, r) in &per_disk {
-            lines.push(format!("{d:<8} {:>7} {:>12} {:>8} {:>12} {:>12} {:>8} {:>12}", r.freezes, u.fmt(r.frozen_ns), r.delayed, u.fmt(r.waited_ns), u.fmt(r.max_wait_ns), r.quiesces, u.fmt(r.quiesced_ns)));
+            lines.push(format!(
+                "{d:<8} {:>7} {:>12} {:>8} {:>12} {:>12} {:>8} {:>12}",
+                r.freezes,
+                u.fmt(r.frozen_ns),
+                r.delayed,
+                u.fmt(r.waited_ns),
+                u.fmt(r.max_wait_ns),
+                r.quiesces,
+                u.fmt(r.quiesced_ns)
+            ));
         }
         if per_disk.is_empty() {
             lines.push("(no freeze or quiesce seen)".into());
         }
-        lines.push(format!("{} freezes/quiesces shown, {still} still frozen or quiesced, {lost} events lost", view.shown));
+        lines.push(format!(
+            "{} freezes/quiesces shown, {still} still frozen or quiesced, {lost} events lost",
+            view.shown
+        ));
         output::summary(args.common.json, &mut out, &lines);
     }
     Ok(())
@@ -245,14 +286,22 @@ impl View {
         let time = if self.timestamp { "TIME" } else { "TIME(s)" };
         format!(
             "{time:<14} {:<7} {:<8} {:<16} {:>7} {:>12} {:>7} {:>12} {:>12}",
-            "KIND", "DISK", "COMM", "PID", format!("FROZEN({u})"), "WAITERS", format!("MAXWAIT({u})"), format!("WAITED({u})")
+            "KIND",
+            "DISK",
+            "COMM",
+            "PID",
+            format!("FROZEN({u})"),
+            "WAITERS",
+            format!("MAXWAIT({u})"),
+            format!("WAITED({u})")
         )
     }
 
     fn lines(&self, p: &Ended, waits: &[u64]) -> Vec<String> {
         let r = &p.rec;
         let u = self.unit;
-        let time = if self.timestamp { self.clock.wall(r.start) } else { format!("{:.6}", self.clock.since_start(r.start)) };
+        let time =
+            if self.timestamp { self.clock.wall(r.start) } else { format!("{:.6}", self.clock.since_start(r.start)) };
         let freeze = r.kind == FreezeEvent::KIND_FREEZE;
         let kind = if freeze { "freeze" } else { "quiesce" };
         let frozen = r.end.saturating_sub(r.start);
@@ -270,14 +319,24 @@ impl View {
                 .num("end_ns", r.end)
                 .num("frozen_ns", frozen);
             let o = if freeze {
-                o.num("waiters", r.value).num("waits_seen", waits.len()).num("wait_max_ns", max).num("wait_total_ns", total)
+                o.num("waiters", r.value)
+                    .num("waits_seen", waits.len())
+                    .num("wait_max_ns", max)
+                    .num("wait_total_ns", total)
             } else {
                 o.null("waiters").null("waits_seen").null("wait_max_ns").null("wait_total_ns")
             };
             return vec![o.str("stack", &p.stack.join(";")).finish()];
         }
-        let (n, mx, tot) = if freeze { (r.value.to_string(), u.fmt(max), u.fmt(total)) } else { ("-".into(), "-".into(), "-".into()) };
-        let mut v = vec![format!("{time:<14} {kind:<7} {:<8} {:<16} {:>7} {:>12} {n:>7} {mx:>12} {tot:>12}", p.disk, r.comm, r.pid, u.fmt(frozen))];
+        let (n, mx, tot) =
+            if freeze { (r.value.to_string(), u.fmt(max), u.fmt(total)) } else { ("-".into(), "-".into(), "-".into()) };
+        let mut v = vec![format!(
+            "{time:<14} {kind:<7} {:<8} {:<16} {:>7} {:>12} {n:>7} {mx:>12} {tot:>12}",
+            p.disk,
+            r.comm,
+            r.pid,
+            u.fmt(frozen)
+        )];
         v.extend(p.stack.iter().map(|s| format!("        {s}")));
         v
     }

@@ -4,13 +4,14 @@
 //! the way. Like bcc's ext4slower, for the iSCSI initiator.
 
 use clap::Parser;
+use storprototrace::bpf::events::Command;
+use storprototrace::bpf::runner::{self, Events, Stop};
+use storprototrace::bpf::templates;
+use storprototrace::cli::output::{self, Clock, Out, Unit};
 use storprototrace::cli::{self, Common, Threshold};
-use storprototrace::events::Command;
-use storprototrace::filters::Filters;
-use storprototrace::latency_view::LatencyView;
-use storprototrace::output::{self, Clock, Out, Unit};
-use storprototrace::runner::{self, Events, Stop};
-use storprototrace::{error, stages, templates, Result};
+use storprototrace::stages::filters::Filters;
+use storprototrace::stages::latency_view::LatencyView;
+use storprototrace::{error, stages, Result};
 
 const ABOUT: &str = "Trace iSCSI commands slower than a threshold, with where their time went.
 
@@ -80,13 +81,27 @@ fn run(args: Args) -> Result<()> {
     args.filters.validate()?;
     let duration = args.common.duration()?;
     let values = [("MIN_US", min_us.into()), ("WHO", true.into())];
-    let Some(t) = stages::start("isclatency", &args.common, &args.filters, templates::ISCLATENCY, &values)? else { return Ok(()) };
+    let Some(t) = stages::start("isclatency", &args.common, &args.filters, templates::ISCLATENCY, &values)? else {
+        return Ok(());
+    };
     let mut events = Events::open(&t.bpf, t.kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
     let mut out = Out::new();
-    let mut view = LatencyView::new(unit, args.common.timestamp, args.extended, &t.plan, Clock::start(), t.topo.clone(), Some("/sys".into()));
+    let mut view = LatencyView::new(
+        unit,
+        args.common.timestamp,
+        args.extended,
+        &t.plan,
+        Clock::start(),
+        t.topo.clone(),
+        Some("/sys".into()),
+    );
 
-    let what = if min_us == 0 { "all iSCSI commands".to_string() } else { format!("iSCSI commands slower than {} {}", if unit == Unit::Ms { min_us / 1000 } else { min_us }, unit.label()) };
+    let what = if min_us == 0 {
+        "all iSCSI commands".to_string()
+    } else {
+        format!("iSCSI commands slower than {} {}", if unit == Unit::Ms { min_us / 1000 } else { min_us }, unit.label())
+    };
     output::status(args.common.json, &mut out, &format!("Tracing {what}... Hit Ctrl-C to end."));
     if !args.common.json {
         out.line(&view.header());

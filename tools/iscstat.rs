@@ -5,16 +5,19 @@
 use clap::Parser;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use storprototrace::bpf::maps::{self, Counter};
+use storprototrace::bpf::runner::Stop;
+use storprototrace::bpf::templates;
+use storprototrace::cli::output::{self, Clock, Out, Unit};
+use storprototrace::cli::textfile;
 use storprototrace::cli::{self, Common};
-use storprototrace::exporter::{self, Exporter};
-use storprototrace::filters::Filters;
-use storprototrace::maps::{self, Counter};
-use storprototrace::output::{self, Clock, Out, Unit};
-use storprototrace::runner::Stop;
-use storprototrace::stat_view::StatView;
-use storprototrace::stats::{self, Collector, Row, RowKey};
-use storprototrace::topology::Topology;
-use storprototrace::{error, prom, stages, templates, Error, Result};
+use storprototrace::iscsi::topology::Topology;
+use storprototrace::stages::exporter::{self, Exporter};
+use storprototrace::stages::filters::Filters;
+use storprototrace::stages::prom;
+use storprototrace::stages::stat_view::StatView;
+use storprototrace::stages::stats::{self, Collector, Row, RowKey};
+use storprototrace::{error, stages, Error, Result};
 
 const EXAMPLES: &str = "examples:
     iscstat              # per session:connection, every second, times in us
@@ -100,7 +103,7 @@ fn run(args: Args) -> Result<()> {
     args.filters.validate()?;
     let duration = args.common.duration()?;
     if let Some(p) = &args.prom_file {
-        prom::check_writable(p)?;
+        textfile::check_writable(p)?;
     }
     let listen = args.listen.as_deref().map(exporter::parse_listen).transpose()?;
     let exporter = match listen {
@@ -111,15 +114,27 @@ fn run(args: Args) -> Result<()> {
     // are merged back to what -L/-D ask for.
     let prom = args.prom_file.is_some() || exporter.is_some();
     let fine = args.percentiles || args.histograms;
-    let values = [("PER_LUN", (args.per_lun || prom).into()), ("PER_DIR", (args.per_dir || prom).into()), ("PROM", prom.into()), ("FINE_HIST", fine.into()), ("WHO", false.into())];
-    let Some(t) = stages::start("iscstat", &args.common, &args.filters, templates::ISCSTAT, &values)? else { return Ok(()) };
+    let values = [
+        ("PER_LUN", (args.per_lun || prom).into()),
+        ("PER_DIR", (args.per_dir || prom).into()),
+        ("PROM", prom.into()),
+        ("FINE_HIST", fine.into()),
+        ("WHO", false.into()),
+    ];
+    let Some(t) = stages::start("iscstat", &args.common, &args.filters, templates::ISCSTAT, &values)? else {
+        return Ok(());
+    };
     stats::check_maps(&t.bpf)?;
     let mut collector = Collector::new()?;
     let stop = Stop::install(duration)?;
     let clock = Clock::start();
     let mut out = Out::new();
     let listening = exporter.as_ref().map(|e| format!(", metrics at http://{}/metrics", e.addr)).unwrap_or_default();
-    output::status(args.common.json || args.quiet, &mut out, &format!("Tracing iSCSI commands{listening}... Hit Ctrl-C to end."));
+    output::status(
+        args.common.json || args.quiet,
+        &mut out,
+        &format!("Tracing iSCSI commands{listening}... Hit Ctrl-C to end."),
+    );
     let view = StatView {
         unit: if args.ms { Unit::Ms } else { Unit::Us },
         per_lun: args.per_lun,
@@ -150,7 +165,8 @@ fn run(args: Args) -> Result<()> {
     loop {
         let next = last + Duration::from_secs(args.interval);
         while Instant::now() < next && !stop.stopped() {
-            let wait = Duration::from_millis(stop.poll_ms(100) as u64).min(next.saturating_duration_since(Instant::now()));
+            let wait =
+                Duration::from_millis(stop.poll_ms(100) as u64).min(next.saturating_duration_since(Instant::now()));
             match &exporter {
                 Some(x) => {
                     if let Some(scrape) = x.next(wait) {
@@ -174,7 +190,11 @@ fn run(args: Args) -> Result<()> {
         // see, or a program hit the kernel skipped.
         let lost = Counter::UNCOUNTED.iter().map(|c| maps::counter(&mut counters, *c)).sum::<u64>() + t.links.missed();
         let now = output::monotonic_ns();
-        let stamp = if args.common.timestamp || !args.common.json { clock.wall(now) } else { format!("{:.3}", clock.since_start(now)) };
+        let stamp = if args.common.timestamp || !args.common.json {
+            clock.wall(now)
+        } else {
+            format!("{:.3}", clock.since_start(now))
+        };
         if !args.quiet {
             let lines = view.report(&topo, &rows, &tally.retrans.interval, elapsed, &stamp, lost - last_lost);
             if !lines.iter().all(|l| out.line(l)) {
@@ -190,6 +210,10 @@ fn run(args: Args) -> Result<()> {
         }
     }
     // Said on stderr where stdout is JSON or off (-q).
-    output::summary(args.common.json || args.quiet, &mut out, &[format!("{counted} commands counted, {}", t.untimed_summary(0)?)]);
+    output::summary(
+        args.common.json || args.quiet,
+        &mut out,
+        &[format!("{counted} commands counted, {}", t.untimed_summary(0)?)],
+    );
     Ok(())
 }

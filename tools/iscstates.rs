@@ -5,15 +5,17 @@
 use clap::Parser;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use storprototrace::bpf::maps::{self, Counter};
+use storprototrace::bpf::runner::{self, Events, Stop};
+use storprototrace::cli::output::{self, Clock, Out};
+use storprototrace::cli::textfile;
 use storprototrace::cli::{self, Common};
-use storprototrace::filters::Filters;
+use storprototrace::iscsi::topology::Topology;
+use storprototrace::kernel::types as kernel_types;
 use storprototrace::kernel::Kernel;
-use storprototrace::maps::{self, Counter};
-use storprototrace::output::{self, Clock, Out};
-use storprototrace::runner::{self, Events, Stop};
+use storprototrace::stages::filters::Filters;
 use storprototrace::states::{self, Held, Kind, SessionInfo, Shown, StateEvent, StatesPlan, Tracker};
-use storprototrace::topology::Topology;
-use storprototrace::{error, kernel_types, prom, Result};
+use storprototrace::{error, Result};
 
 const ABOUT: &str = "Trace iSCSI session and connection state changes: failures, recovery, logout and login.
 
@@ -88,12 +90,18 @@ fn run(args: Args) -> Result<()> {
     let topo = Topology::read(sys)?;
     filters.resolve(&topo)?; // a --sid or --target that names no session
     if let Some(p) = &args.prom_file {
-        prom::check_writable(p)?;
+        textfile::check_writable(p)?;
     }
     runner::preflight(&kernel, true)?;
     let plan = StatesPlan::choose(&kernel)?;
     if args.common.verbose {
-        eprintln!("kernel {}: functions from {:?}, ring buffer: {}, {}, kprobes (control paths only)", kernel.release, kernel.source, kernel.ringbuf, kernel_types::describe(&types));
+        eprintln!(
+            "kernel {}: functions from {:?}, ring buffer: {}, {}, kprobes (control paths only)",
+            kernel.release,
+            kernel.source,
+            kernel.ringbuf,
+            kernel_types::describe(&types)
+        );
         for p in &plan.probes {
             eprintln!("probe {}", p.describe());
         }
@@ -107,7 +115,15 @@ fn run(args: Args) -> Result<()> {
     let mut events = Events::open(&bpf, kernel.ringbuf)?;
     let stop = Stop::install(duration)?;
 
-    let mut view = View { sessions: Sessions::new(sys, &topo), tracker: Tracker::new(plan.have_flush, plan.have_requeue), rq_attached: None, ncpus: maps::possible_cpus()?, clock: Clock::start(), malformed: 0, shown: 0 };
+    let mut view = View {
+        sessions: Sessions::new(sys, &topo),
+        tracker: Tracker::new(plan.have_flush, plan.have_requeue),
+        rq_attached: None,
+        ncpus: maps::possible_cpus()?,
+        clock: Clock::start(),
+        malformed: 0,
+        shown: 0,
+    };
     for s in &topo.sessions {
         view.tracker.known(s.sid, &s.state);
     }
@@ -117,10 +133,15 @@ fn run(args: Args) -> Result<()> {
     if !json {
         out.line(&Shown::header(args.common.timestamp));
     }
-    let keep = |sid: u32, info: &SessionInfo| args.sid.map(|s| s == sid).unwrap_or(true) && target_re.as_ref().map(|re| re.is_match(&info.target)).unwrap_or(true);
+    let keep = |sid: u32, info: &SessionInfo| {
+        args.sid.map(|s| s == sid).unwrap_or(true)
+            && target_re.as_ref().map(|re| re.is_match(&info.target)).unwrap_or(true)
+    };
     let write_prom = |view: &View| -> Result<()> {
         match &args.prom_file {
-            Some(p) => prom::write_atomically(p, &states::prom_text(&view.tracker.totals, &|sid| view.sessions.info(sid))),
+            Some(p) => {
+                textfile::write_atomically(p, &states::prom_text(&view.tracker.totals, &|sid| view.sessions.info(sid)))
+            }
             None => Ok(()),
         }
     };
@@ -144,7 +165,11 @@ fn run(args: Args) -> Result<()> {
                 continue;
             }
             if let Some(s) = view.take(&mut bpf, &e) {
-                let time = if args.common.timestamp { view.clock.wall(s.ts) } else { format!("{:.6}", view.clock.since_start(s.ts)) };
+                let time = if args.common.timestamp {
+                    view.clock.wall(s.ts)
+                } else {
+                    format!("{:.6}", view.clock.since_start(s.ts))
+                };
                 out.line(&if json { s.json(&time, &info) } else { s.line(&time, &info) });
                 view.shown += 1;
                 changed = true;
@@ -184,7 +209,8 @@ struct View {
 
 impl View {
     fn take(&mut self, bpf: &mut bcc::BPF, e: &StateEvent) -> Option<Shown> {
-        let opens = matches!(e.kind, Kind::ConnError | Kind::Block) || (e.kind == Kind::ConnStop && e.code == states::STOP_RECOVER);
+        let opens = matches!(e.kind, Kind::ConnError | Kind::Block)
+            || (e.kind == Kind::ConnStop && e.code == states::STOP_RECOVER);
         if opens && self.rq_attached.is_none() {
             let r = bcc::RawTracepoint::new().handler("rq_done").tracepoint("block_rq_complete").attach(bpf);
             if let Err(err) = &r {

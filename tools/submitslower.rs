@@ -4,20 +4,21 @@
 
 use clap::Parser;
 use std::path::Path;
-use storprototrace::blockdev::{self, BlockDevs};
+use storprototrace::bpf::events::Submission;
 use storprototrace::cli::{self, Common, Threshold};
-use storprototrace::events::Submission;
-use storprototrace::headers::BlockLayout;
-use storprototrace::kernel_types;
+use storprototrace::iscsi::blockdev::{self, BlockDevs};
+use storprototrace::kernel::headers::BlockLayout;
+use storprototrace::kernel::types as kernel_types;
 
 /// The template parts of the program (`render`).
 const PARTS: &[&str] = &[templates::COMMON, templates::SUBMITSLOWER];
+use storprototrace::bpf::maps::{self, Counter};
+use storprototrace::bpf::runner::{self, Events, Probe, Stop};
+use storprototrace::bpf::templates::{self, Template, Value};
+use storprototrace::cli::json;
+use storprototrace::cli::output::{self, Clock, Out, Unit};
 use storprototrace::kernel::Kernel;
-use storprototrace::maps::{self, Counter};
-use storprototrace::output::{self, Clock, Out, Unit};
-use storprototrace::runner::{self, Events, Probe, Stop};
-use storprototrace::templates::{self, Template, Value};
-use storprototrace::{error, json, Error, Result};
+use storprototrace::{error, Error, Result};
 
 const ABOUT: &str = "Trace bio submissions slower than a threshold (default 1 ms), with the disk.
 
@@ -110,7 +111,11 @@ fn run(args: Args) -> Result<()> {
         None => None,
     };
     runner::preflight(&kernel, args.iscsi)?;
-    let iscsi_devs: Vec<u32> = if args.iscsi { blockdev::iscsi_disk_devs(sys, "--iscsi: ", "")?.into_iter().map(|(_, d)| d).collect() } else { Vec::new() };
+    let iscsi_devs: Vec<u32> = if args.iscsi {
+        blockdev::iscsi_disk_devs(sys, "--iscsi: ", "")?.into_iter().map(|(_, d)| d).collect()
+    } else {
+        Vec::new()
+    };
     let function = kernel.first_of(SUBMIT).ok_or_else(|| Error::missing_probe("bio submission", SUBMIT))?;
     let (types, layout) = BlockLayout::choose(&kernel, PARTS);
     let layout = layout?;
@@ -146,7 +151,11 @@ fn run(args: Args) -> Result<()> {
     let mut devs = BlockDevs::read(sys);
 
     let amount = if unit == Unit::Ms { min_us / 1000 } else { min_us };
-    let what = if min_us == 0 { "all bio submissions".to_string() } else { format!("bio submissions slower than {amount} {}", unit.label()) };
+    let what = if min_us == 0 {
+        "all bio submissions".to_string()
+    } else {
+        format!("bio submissions slower than {amount} {}", unit.label())
+    };
     let scope = match (&args.disk, args.iscsi) {
         (Some(d), _) => format!(" on {d}"),
         (None, true) => " on iSCSI disks".to_string(),
@@ -155,7 +164,13 @@ fn run(args: Args) -> Result<()> {
     output::status(args.common.json, &mut out, &format!("Tracing {what}{scope} ({function})... Hit Ctrl-C to end."));
     let time_h = if args.common.timestamp { "TIME" } else { "TIME(s)" };
     if !args.common.json {
-        out.line(&format!("{time_h:<14} {:<16} {:>7} {:>10} {}", "COMM", "PID", format!("LAT({})", unit.label()), "DISK"));
+        out.line(&format!(
+            "{time_h:<14} {:<16} {:>7} {:>10} {}",
+            "COMM",
+            "PID",
+            format!("LAT({})", unit.label()),
+            "DISK"
+        ));
     }
     let (mut shown, mut malformed) = (0u64, 0u64);
     runner::print_events(&mut events, &stop, &mut out, |rec, out| {
@@ -190,7 +205,11 @@ fn run(args: Args) -> Result<()> {
     let mut counters = bpf.table("counters")?;
     let lost = maps::counter(&mut counters, Counter::Lost) + malformed;
     let timed = maps::counter(&mut counters, Counter::SubmitTimed);
-    output::summary(args.common.json, &mut out, &[format!("{shown} slow submissions shown, {timed} submissions timed, {lost} events lost")]);
+    output::summary(
+        args.common.json,
+        &mut out,
+        &[format!("{shown} slow submissions shown, {timed} submissions timed, {lost} events lost")],
+    );
     Ok(())
 }
 
@@ -201,7 +220,11 @@ mod tests {
     /// Every branch of the template with the values this tool passes.
     #[test]
     fn every_branch_renders() {
-        for argv in [&["submitslower"][..], &["submitslower", "-p", "42", "--iscsi"], &["submitslower", "--disk", "sda", "-u", "0"]] {
+        for argv in [
+            &["submitslower"][..],
+            &["submitslower", "-p", "42", "--iscsi"],
+            &["submitslower", "--disk", "sda", "-u", "0"],
+        ] {
             let args = Args::parse_from(argv);
             for bio_bdev in [true, false] {
                 for ringbuf in [true, false] {

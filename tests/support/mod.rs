@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use storprototrace::topology::Topology;
+use storprototrace::iscsi::topology::Topology;
 
 /// Typed access to a field of a JSON object (a tool's --json line, fio's
 /// output) by a dotted path: `c.u64("wait_ns")`, `j.f64("jobs.0.read.clat_ns.mean")`.
@@ -47,7 +47,11 @@ pub struct Lab {
 /// The lab this test runs in. Outside the VM there is none: the lab tests
 /// are #[ignore]d and only run through tests/all.
 pub fn lab() -> Lab {
-    let disks: Vec<String> = std::env::var("LAB_DISKS").expect("LAB_DISKS unset: run through tests/all").split_whitespace().map(String::from).collect();
+    let disks: Vec<String> = std::env::var("LAB_DISKS")
+        .expect("LAB_DISKS unset: run through tests/all")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
     let targets = std::env::var("LAB_TARGETS").unwrap_or_default().split_whitespace().map(String::from).collect();
     assert!(!disks.is_empty(), "the lab has no disks");
     Lab { disks, targets }
@@ -64,7 +68,12 @@ pub fn sid_of(disk: &str) -> u32 {
 
 pub fn sh(cmd: &str) -> String {
     let out = Command::new("sh").arg("-c").arg(cmd).output().expect("run sh");
-    assert!(out.status.success(), "`{cmd}` failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -81,7 +90,7 @@ pub fn quiet_disks(lab: &Lab) {
 
 /// After a login to `target`: wait (30 s at most) until its session has a
 /// disk on its first LUN, then set that disk up like quiet_disks does.
-pub fn session_disk_after_login(target: &str) -> (storprototrace::topology::Session, String) {
+pub fn session_disk_after_login(target: &str) -> (storprototrace::iscsi::topology::Session, String) {
     for _ in 0..60 {
         let topo = topology();
         if let Some(s) = topo.sessions.iter().find(|s| s.target == target) {
@@ -162,16 +171,25 @@ impl Fio {
         self.reads + self.writes
     }
     pub fn clat_mean_ns(&self) -> f64 {
-        (self.read_clat_mean_ns * self.reads as f64 + self.write_clat_mean_ns * self.writes as f64) / self.ios().max(1) as f64
+        (self.read_clat_mean_ns * self.reads as f64 + self.write_clat_mean_ns * self.writes as f64)
+            / self.ios().max(1) as f64
     }
 }
 
 pub fn fio_cmd(disk: &str, rw: &str, number_ios: u64, iodepth: u32, extra: &[&str]) -> Command {
     let mut c = Command::new("fio");
     c.args([
-        "--name=lab", &format!("--filename=/dev/{disk}"), &format!("--rw={rw}"), "--bs=4k", "--direct=1",
-        "--ioengine=libaio", &format!("--iodepth={iodepth}"), &format!("--number_ios={number_ios}"),
-        "--size=128m", "--output-format=json", "--randrepeat=0",
+        "--name=lab",
+        &format!("--filename=/dev/{disk}"),
+        &format!("--rw={rw}"),
+        "--bs=4k",
+        "--direct=1",
+        "--ioengine=libaio",
+        &format!("--iodepth={iodepth}"),
+        &format!("--number_ios={number_ios}"),
+        "--size=128m",
+        "--output-format=json",
+        "--randrepeat=0",
     ]);
     c.args(extra);
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -182,7 +200,8 @@ pub fn fio_result(out: std::process::Output) -> Fio {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "fio failed: {text}{}", String::from_utf8_lossy(&out.stderr));
     let start = text.find('{').expect("fio printed no JSON");
-    let j: Value = serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio's JSON does not parse ({e}): {text}"));
+    let j: Value =
+        serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio's JSON does not parse ({e}): {text}"));
     let job = j.path("jobs.0");
     Fio {
         reads: job.u64("read.total_ios"),
@@ -217,7 +236,13 @@ pub struct Finished {
 impl Finished {
     /// Every stdout line parsed; a line that is not JSON fails the test.
     pub fn json(&self) -> Vec<Value> {
-        self.lines.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{} printed a line that is not JSON ({e}): {l:?}", self.name))).collect()
+        self.lines
+            .iter()
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("{} printed a line that is not JSON ({e}): {l:?}", self.name))
+            })
+            .collect()
     }
     /// The summary line's number before `what` (e.g. "events lost").
     pub fn summary(&self, what: &str) -> u64 {
@@ -233,14 +258,25 @@ impl Finished {
     /// still in flight; one whose start was skipped, as a skipped hit where
     /// the kernel counts those.
     pub fn untimed(&self) -> u64 {
-        self.summary("events lost") + self.summary("still in flight") + self.summary_if("ends not seen").unwrap_or(0) + self.summary_if("probe hits skipped").unwrap_or(0)
+        self.summary("events lost")
+            + self.summary("still in flight")
+            + self.summary_if("ends not seen").unwrap_or(0)
+            + self.summary_if("probe hits skipped").unwrap_or(0)
     }
     /// The same for a part the summary prints only when it is not zero
     /// (isclatency's "ends not seen"): None when the summary lacks it.
     pub fn summary_if(&self, what: &str) -> Option<u64> {
         let line = self.stderr.lines().chain(self.lines.iter().map(|s| s.as_str())).find(|l| l.contains(what))?;
         let before = &line[..line.find(what).unwrap()];
-        Some(before.trim_end().rsplit([' ', ',']).next().unwrap().parse().unwrap_or_else(|_| panic!("no number before {what:?} in {line:?}")))
+        Some(
+            before
+                .trim_end()
+                .rsplit([' ', ','])
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap_or_else(|_| panic!("no number before {what:?} in {line:?}")),
+        )
     }
 }
 
@@ -282,7 +318,13 @@ pub struct Starting {
 }
 
 pub fn spawn(tool: &str, args: &[&str], env: &[(&str, &str)]) -> Starting {
-    let mut child = Command::new(bin(tool)).args(args).envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn tool");
+    let mut child = Command::new(bin(tool))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tool");
     let (tx, rx) = mpsc::channel();
     let out = child.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -311,7 +353,14 @@ pub fn spawn(tool: &str, args: &[&str], env: &[(&str, &str)]) -> Starting {
             }
         }
     });
-    Starting { tool: tool.to_string(), args: args.iter().map(|a| a.to_string()).collect(), child, stdout: rx, stderr: err_text, ready: ready_rx }
+    Starting {
+        tool: tool.to_string(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        child,
+        stdout: rx,
+        stderr: err_text,
+        ready: ready_rx,
+    }
 }
 
 impl Starting {
@@ -331,7 +380,12 @@ impl Starting {
             if let Ok(Some(st)) = self.child.try_wait() {
                 panic!("{tool} {args:?} exited with {st} before tracing: {}", self.stderr.lock().unwrap());
             }
-            assert!(Instant::now() < deadline, "{tool} did not start tracing in {} s: {}", limit.as_secs(), self.stderr.lock().unwrap());
+            assert!(
+                Instant::now() < deadline,
+                "{tool} did not start tracing in {} s: {}",
+                limit.as_secs(),
+                self.stderr.lock().unwrap()
+            );
         }
         Traced { name: self.tool, child: self.child, stdout: self.stdout, stderr: self.stderr, started: Instant::now() }
     }
@@ -381,14 +435,26 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     write!(c, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut reply = String::new();
     c.read_to_string(&mut reply).unwrap_or_else(|e| panic!("read {addr}{path}: {e}"));
-    let code = reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("not HTTP from {addr}{path}: {reply:?}"));
+    let code = reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not HTTP from {addr}{path}: {reply:?}"));
     let body = reply.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     (code, body)
 }
 
 /// Percent-encode a PromQL query for a URL.
 pub fn urlencode(s: &str) -> String {
-    s.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 /// How often the test Prometheus scrapes, and its scrape timeout (the
@@ -441,8 +507,19 @@ impl Prometheus {
         assert_eq!(code, 200, "query {q}: {body}");
         let j: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("query {q}: not JSON ({e}): {body}"));
         assert_eq!(j.str("status"), "success", "query {q}: {body}");
-        j.path("data.result").as_array().unwrap_or_else(|| panic!("query {q}: no result list: {body}")).iter()
-            .map(|r| (r["metric"].clone(), r["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("query {q}: value {r}"))))
+        j.path("data.result")
+            .as_array()
+            .unwrap_or_else(|| panic!("query {q}: no result list: {body}"))
+            .iter()
+            .map(|r| {
+                (
+                    r["metric"].clone(),
+                    r["value"][1]
+                        .as_str()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or_else(|| panic!("query {q}: value {r}")),
+                )
+            })
             .collect()
     }
 
@@ -451,9 +528,23 @@ impl Prometheus {
     pub fn targets(&self) -> String {
         let (_, body) = http_get(&self.addr, "/api/v1/targets");
         let j: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        j.path("data.activeTargets").as_array().map(|a| a.iter()
-            .map(|t| format!("{} health {} lastError {:?} lastScrapeDuration {}", t["scrapeUrl"], t["health"], t["lastError"].as_str().unwrap_or(""), t["lastScrapeDuration"]))
-            .collect::<Vec<_>>().join("; ")).unwrap_or(body)
+        j.path("data.activeTargets")
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| {
+                        format!(
+                            "{} health {} lastError {:?} lastScrapeDuration {}",
+                            t["scrapeUrl"],
+                            t["health"],
+                            t["lastError"].as_str().unwrap_or(""),
+                            t["lastScrapeDuration"]
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or(body)
     }
 
     /// The one value of a query that must give exactly one series.
@@ -509,7 +600,10 @@ impl DiskTime {
     /// Mean time per I/O in ns since `before`: (reads, writes).
     pub fn mean_since(&self, before: &DiskTime) -> (f64, f64) {
         let mean = |ms: u64, n: u64| ms as f64 * 1e6 / n.max(1) as f64;
-        (mean(self.read_ms - before.read_ms, self.reads - before.reads), mean(self.write_ms - before.write_ms, self.writes - before.writes))
+        (
+            mean(self.read_ms - before.read_ms, self.reads - before.reads),
+            mean(self.write_ms - before.write_ms, self.writes - before.writes),
+        )
     }
 }
 
@@ -586,12 +680,20 @@ pub fn kernel_log(what: &str) -> Vec<u64> {
 
 /// A session's state as sysfs gives it ("" when the session is gone).
 pub fn session_state(sid: u32) -> String {
-    std::fs::read_to_string(format!("/sys/class/iscsi_session/session{sid}/state")).unwrap_or_default().trim().to_string()
+    std::fs::read_to_string(format!("/sys/class/iscsi_session/session{sid}/state"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
-/// Poll a session's sysfs state every 50 ms until `stop`: (CLOCK_MONOTONIC
-/// time, state) at each change.
-pub fn poll_state(sid: u32, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> (std::thread::JoinHandle<()>, std::sync::Arc<std::sync::Mutex<Vec<(u64, String)>>>) {
+/// (CLOCK_MONOTONIC time, state) at each change of a session's state.
+pub type StateLog = std::sync::Arc<std::sync::Mutex<Vec<(u64, String)>>>;
+
+/// Poll a session's sysfs state every 50 ms until `stop`.
+pub fn poll_state(
+    sid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (std::thread::JoinHandle<()>, StateLog) {
     use std::sync::{atomic::Ordering, Arc, Mutex};
     let log = Arc::new(Mutex::new(Vec::<(u64, String)>::new()));
     let l = log.clone();
@@ -600,7 +702,7 @@ pub fn poll_state(sid: u32, stop: std::sync::Arc<std::sync::atomic::AtomicBool>)
             let s = session_state(sid);
             let mut v = l.lock().unwrap();
             if v.last().map(|(_, x)| x != &s).unwrap_or(true) {
-                v.push((storprototrace::output::monotonic_ns(), s));
+                v.push((storprototrace::cli::output::monotonic_ns(), s));
             }
             drop(v);
             std::thread::sleep(Duration::from_millis(50));
@@ -621,7 +723,10 @@ pub fn caps_row(tool: &str, stderr: &str) -> (Vec<String>, String) {
             probes.push(f);
         }
     }
-    let detail: Vec<&str> = stderr.lines().filter_map(|l| l.split_once(": ").filter(|(k, _)| k.starts_with("kernel ")).map(|(_, v)| v)).collect();
+    let detail: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.split_once(": ").filter(|(k, _)| k.starts_with("kernel ")).map(|(_, v)| v))
+        .collect();
     let notes: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix(&format!("{tool}: note: "))).collect();
     let row = format!(
         "CAPS | {kernel} | {tool} | {} | {} | {} |",

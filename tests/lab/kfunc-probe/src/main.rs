@@ -3,11 +3,11 @@
 //! `kfunc__libiscsi__iscsi_queuecommand` / `kretfunc__libiscsi__iscsi_complete_task`
 //! loaded by libbcc itself (`bcc_prog_load`, which on bcc 0.28+ parses the
 //! module out of the name and finds its BTF), and the same two loaded by
-//! src/fentry.rs; runs fio for IOS reads on DISK and prints each program's
+//! src/bpf/fentry.rs; runs fio for IOS reads on DISK and prints each program's
 //! hits beside the disk's own count of completed reads (/sys/block/DISK/stat).
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::time::Instant;
-use storprototrace::runner::{self, Probe, ProbeKind};
+use storprototrace::bpf::runner::{self, Probe, ProbeKind};
 
 #[link(name = "bcc")]
 extern "C" {
@@ -56,19 +56,19 @@ fn main() {
         println!("libbcc load {name}: prog fd {fd}, attach {} ({:.1} ms)", if link >= 0 { "ok".to_string() } else { std::io::Error::last_os_error().to_string() }, t.elapsed().as_secs_f64() * 1e3);
         bcc_links.push((fd, link));
     }
-    // src/fentry.rs
+    // src/bpf/fentry.rs
     let probes = [
         Probe { kind: ProbeKind::Fentry, function: "iscsi_queuecommand".into(), handler: "ours_queuecommand", module: Some("libiscsi".into()) },
         Probe { kind: ProbeKind::Fexit, function: "iscsi_complete_task".into(), handler: "ours_complete_task", module: Some("libiscsi".into()) },
     ];
     let t = Instant::now();
-    let mut resolver = storprototrace::fentry::Resolver::new(std::path::Path::new(storprototrace::kernel::BTF_DIR)).expect("kernel BTF");
-    let mut targets = storprototrace::fentry::Targets::default();
+    let mut resolver = storprototrace::bpf::fentry::Resolver::new(std::path::Path::new(storprototrace::kernel::BTF_DIR)).expect("kernel BTF");
+    let mut targets = storprototrace::bpf::fentry::Targets::default();
     for p in &probes {
         targets.insert(resolver.target(&p.function, p.module.as_deref()).expect("BTF target"));
     }
-    let _links = runner::attach(&mut bpf, &probes, &targets).expect("src/fentry.rs attach");
-    println!("src/fentry.rs load+attach (BTF read included): {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    let _links = runner::attach(&mut bpf, &probes, &targets).expect("src/bpf/fentry.rs attach");
+    println!("src/bpf/fentry.rs load+attach (BTF read included): {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let before = reads(disk);
     let st = std::process::Command::new("fio")
         .args(["--name=k", &format!("--filename=/dev/{disk}"), "--rw=randread", "--bs=4k", "--direct=1", "--ioengine=psync",
@@ -84,5 +84,5 @@ fn main() {
     let h: Vec<u64> = (0..4).map(&mut get).collect();
     println!("fio reads {ios}; disk's completed reads {disk_reads}");
     println!("libbcc kfunc   queuecommand {} complete_task(fexit) {}", h[0], h[1]);
-    println!("src/fentry.rs  queuecommand {} complete_task(fexit) {}", h[2], h[3]);
+    println!("src/bpf/fentry.rs  queuecommand {} complete_task(fexit) {}", h[2], h[3]);
 }

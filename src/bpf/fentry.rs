@@ -11,8 +11,9 @@
 //! completes another iSCSI command makes the kernel skip the completion's
 //! program, and that command is never counted (seen once in CI under netem).
 
-use crate::btf::Loaded;
+use crate::bpf::syscall::{bpf, get32, put32, put64};
 use crate::error::{Error, Result};
+use crate::kernel::btf::Loaded;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
@@ -28,33 +29,6 @@ const BPF_TRACE_FEXIT: u32 = 25;
 pub enum Side {
     Entry,
     Exit,
-}
-
-pub(crate) fn bpf(cmd: i64, attr: &mut [u8]) -> std::io::Result<i64> {
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() as u32) };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
-pub(crate) fn put32(a: &mut [u8], off: usize, v: u32) {
-    a[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-}
-
-pub(crate) fn get32(a: &[u8], off: usize) -> u32 {
-    u32::from_ne_bytes([a[off], a[off + 1], a[off + 2], a[off + 3]])
-}
-
-pub(crate) fn get64(a: &[u8], off: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&a[off..off + 8]);
-    u64::from_ne_bytes(b)
-}
-
-pub(crate) fn put64(a: &mut [u8], off: usize, v: u64) {
-    a[off..off + 8].copy_from_slice(&v.to_ne_bytes());
 }
 
 /// Where a function's BTF type is: vmlinux (`obj` None) or a module's BTF
@@ -101,10 +75,19 @@ impl Resolver {
     /// `module` is None for a function of vmlinux.
     pub fn target(&mut self, function: &str, module: Option<&str>) -> Result<Target> {
         let Some(m) = module else {
-            let btf_id = self.btf.vmlinux.find_func(function).ok_or_else(|| Error::env(format!("{function} is not in the kernel's BTF")))?;
+            let btf_id = self
+                .btf
+                .vmlinux
+                .find_func(function)
+                .ok_or_else(|| Error::env(format!("{function} is not in the kernel's BTF")))?;
             return Ok(Target { function: function.into(), btf_id, obj: None });
         };
-        let btf_id = self.btf.module(m).map_err(Error::env)?.find_func(function).ok_or_else(|| Error::env(format!("{function} is not in the BTF of module {m}")))?;
+        let btf_id = self
+            .btf
+            .module(m)
+            .map_err(Error::env)?
+            .find_func(function)
+            .ok_or_else(|| Error::env(format!("{function} is not in the BTF of module {m}")))?;
         if !self.fds.contains_key(m) {
             self.fds.insert(m.to_string(), std::sync::Arc::new(module_btf_fd(m)?));
         }
@@ -172,7 +155,12 @@ pub fn load(insns: &[u8], name: &str, side: Side, target: &Target) -> std::resul
             let mut log = vec![0u8; 1 << 20];
             let _ = try_load(&mut log);
             let text = String::from_utf8_lossy(&log[..log.iter().position(|&c| c == 0).unwrap_or(0)]).into_owned();
-            let last = text.lines().rev().find(|l| !l.trim().is_empty() && !l.starts_with("processed")).unwrap_or("").to_string();
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty() && !l.starts_with("processed"))
+                .unwrap_or("")
+                .to_string();
             Err(if last.is_empty() { e.to_string() } else { format!("{e}: verifier: {last}") })
         }
     }
@@ -197,5 +185,5 @@ pub fn can_attach(target: &Target) -> bool {
 /// that CPU (`recursion_misses`, 5.12 and later; 0 where the kernel does
 /// not report it).
 pub fn misses(prog: &OwnedFd) -> u64 {
-    crate::progs::info(prog.as_raw_fd()).map(|p| p.recursion_misses).unwrap_or(0)
+    crate::bpf::progs::info(prog.as_raw_fd()).map(|p| p.recursion_misses).unwrap_or(0)
 }

@@ -117,7 +117,9 @@ impl Btf {
         let mut starts = Vec::new();
         let (mut off, mut id) = (0usize, first_id);
         while off < types.len() {
-            let (Some(name_off), Some(info), Some(_)) = (u32_at(types, off), u32_at(types, off + 4), u32_at(types, off + 8)) else {
+            let (Some(name_off), Some(info), Some(_)) =
+                (u32_at(types, off), u32_at(types, off + 4), u32_at(types, off + 8))
+            else {
                 return Err(format!("type section has {} bytes left over after type id {}", types.len() - off, id - 1));
             };
             let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
@@ -129,7 +131,11 @@ impl Btf {
             }
             if kind == KIND_FUNC {
                 let n = name_off as usize;
-                let name = if n < base_strings.len() { string(base_strings, n) } else { string(strings, n - base_strings.len()) };
+                let name = if n < base_strings.len() {
+                    string(base_strings, n)
+                } else {
+                    string(strings, n - base_strings.len())
+                };
                 funcs.push((name.to_vec(), id));
             }
             id += 1;
@@ -169,7 +175,8 @@ pub struct Loaded {
 impl Loaded {
     /// The error is a one-line reason.
     pub fn open(root: &std::path::Path) -> Result<Loaded, String> {
-        let blob = std::fs::read(root.join("vmlinux")).map_err(|e| format!("no kernel BTF ({}/vmlinux: {e})", root.display()))?;
+        let blob = std::fs::read(root.join("vmlinux"))
+            .map_err(|e| format!("no kernel BTF ({}/vmlinux: {e})", root.display()))?;
         let vmlinux = Btf::parse(&blob, None).map_err(|e| format!("vmlinux BTF: {e}"))?;
         Ok(Loaded { root: root.to_path_buf(), vmlinux, modules: Default::default() })
     }
@@ -187,7 +194,8 @@ impl Loaded {
     /// vmlinux, then each of `modules` that has BTF (one built into the
     /// kernel has its types in vmlinux's), to look types up in.
     pub fn views(&mut self, modules: &[&str]) -> Result<Vec<View<'_>>, String> {
-        let present: Vec<&str> = modules.iter().copied().filter(|m| self.modules.contains_key(*m) || self.root.join(m).exists()).collect();
+        let present: Vec<&str> =
+            modules.iter().copied().filter(|m| self.modules.contains_key(*m) || self.root.join(m).exists()).collect();
         for m in &present {
             self.module(m)?;
         }
@@ -209,7 +217,9 @@ impl<'a> View<'a> {
     fn name(&self, off: u32, from_split: bool) -> &'a [u8] {
         let off = off as usize;
         match self.split {
-            Some(s) if from_split && off >= self.base.strings.len() => string(&s.strings, off - self.base.strings.len()),
+            Some(s) if from_split && off >= self.base.strings.len() => {
+                string(&s.strings, off - self.base.strings.len())
+            }
             _ => string(&self.base.strings, off),
         }
     }
@@ -229,10 +239,18 @@ impl<'a> View<'a> {
     pub fn get(&self, id: u32) -> Option<Type<'a>> {
         let b = self.blob(id)?;
         let start = *b.starts.get((id - b.first_id()) as usize)? as usize;
-        let (name_off, info, sot) = (u32_at(&b.types, start)?, u32_at(&b.types, start + 4)?, u32_at(&b.types, start + 8)?);
+        let (name_off, info, sot) =
+            (u32_at(&b.types, start)?, u32_at(&b.types, start + 4)?, u32_at(&b.types, start + 8)?);
         let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
         let extra = b.types.get(start + 12..start + 12 + extra_bytes(kind, vlen)?)?;
-        Some(Type { kind, name: self.name(name_off, !std::ptr::eq(b, self.base)), size_or_type: sot, vlen, kind_flag: info >> 31 == 1, extra })
+        Some(Type {
+            kind,
+            name: self.name(name_off, !std::ptr::eq(b, self.base)),
+            size_or_type: sot,
+            vlen,
+            kind_flag: info >> 31 == 1,
+            extra,
+        })
     }
 
     /// The members of a struct or union type.
@@ -244,7 +262,8 @@ impl<'a> View<'a> {
         let from_split = !std::ptr::eq(self.blob(id).unwrap_or(self.base), self.base);
         (0..t.vlen)
             .filter_map(|i| {
-                let (n, ty, off) = (u32_at(t.extra, i * 12)?, u32_at(t.extra, i * 12 + 4)?, u32_at(t.extra, i * 12 + 8)?);
+                let (n, ty, off) =
+                    (u32_at(t.extra, i * 12)?, u32_at(t.extra, i * 12 + 4)?, u32_at(t.extra, i * 12 + 8)?);
                 let (bit_offset, bitfield_size) = if t.kind_flag { (off & 0xff_ffff, off >> 24) } else { (off, 0) };
                 Some(Member { name: self.name(n, from_split), type_id: ty, bit_offset, bitfield_size })
             })
@@ -263,7 +282,8 @@ impl<'a> View<'a> {
                     Some((self.name(n, from_split), if signed { v as i32 as i64 } else { v as i64 }))
                 }
                 KIND_ENUM64 => {
-                    let (n, lo, hi) = (u32_at(t.extra, i * 12)?, u32_at(t.extra, i * 12 + 4)?, u32_at(t.extra, i * 12 + 8)?);
+                    let (n, lo, hi) =
+                        (u32_at(t.extra, i * 12)?, u32_at(t.extra, i * 12 + 4)?, u32_at(t.extra, i * 12 + 8)?);
                     Some((self.name(n, from_split), ((hi as u64) << 32 | lo as u64) as i64))
                 }
                 _ => None,
@@ -282,8 +302,25 @@ mod tests {
     /// volatile, const, restrict, func, func_proto, var, datasec, float,
     /// decl_tag, type_tag, enum64.
     const KERNEL_EXTRA: [(usize, usize); 19] = [
-        (4, 0), (0, 0), (12, 0), (0, 12), (0, 12), (0, 8), (0, 0), (0, 0), (0, 0), (0, 0),
-        (0, 0), (0, 0), (0, 8), (4, 0), (0, 12), (0, 0), (4, 0), (0, 0), (0, 12),
+        (4, 0),
+        (0, 0),
+        (12, 0),
+        (0, 12),
+        (0, 12),
+        (0, 8),
+        (0, 0),
+        (0, 0),
+        (0, 0),
+        (0, 0),
+        (0, 0),
+        (0, 0),
+        (0, 8),
+        (4, 0),
+        (0, 12),
+        (0, 0),
+        (4, 0),
+        (0, 0),
+        (0, 12),
     ];
 
     fn kernel_extra(kind: u32, vlen: u32) -> usize {
@@ -438,7 +475,11 @@ mod tests {
             Ok(b) => b,
             Err(e) => {
                 // Straight to stderr, past the test harness's capture.
-                let _ = writeln!(std::io::stderr(), "note: parses_the_running_kernels_btf skipped: {}: {e}", path.display());
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "note: parses_the_running_kernels_btf skipped: {}: {e}",
+                    path.display()
+                );
                 return;
             }
         };

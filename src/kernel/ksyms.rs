@@ -1,5 +1,5 @@
 //! /proc/kallsyms: one parser for its lines, used for the traceable
-//! functions (src/kernel.rs) and for kernel stack symbols (iscfreeze).
+//! functions (src/kernel/mod.rs) and for kernel stack symbols (iscfreeze).
 
 use std::fs;
 
@@ -54,7 +54,11 @@ impl Ksyms {
 
 /// Addresses of a BPF_STACK_TRACE value (127 u64 slots, zero-terminated).
 pub fn stack_addrs(value: &[u8]) -> Vec<u64> {
-    value.chunks_exact(8).map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).take_while(|&a| a != 0).collect()
+    value
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+        .take_while(|&a| a != 0)
+        .collect()
 }
 
 #[cfg(test)]
@@ -68,7 +72,10 @@ mod tests {
         assert_eq!(k.name(0xffffffff81000210), "elevator_switch");
         assert_eq!(k.resolve(0x10), "0x10");
         assert_eq!(stack_addrs(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]), vec![1]);
-        assert_eq!(parse_line("ffffffffc0000000 t iscsi_queuecommand\t[libiscsi]"), Some((0xffffffffc0000000, 't', "iscsi_queuecommand", Some("libiscsi"))));
+        assert_eq!(
+            parse_line("ffffffffc0000000 t iscsi_queuecommand\t[libiscsi]"),
+            Some((0xffffffffc0000000, 't', "iscsi_queuecommand", Some("libiscsi")))
+        );
         assert_eq!(parse_line("garbage"), None);
     }
 }

@@ -62,7 +62,7 @@ fn sorted_entries(dir: &Path) -> Vec<(String, PathBuf)> {
         Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).collect(),
         Err(_) => Vec::new(),
     };
-    v.sort_by(|a, b| natural_key(&a.0).cmp(&natural_key(&b.0)));
+    v.sort_by_key(|a| natural_key(&a.0));
     v
 }
 
@@ -82,8 +82,8 @@ impl Topology {
         let mut sessions = Vec::new();
         for (name, link) in sorted_entries(&class) {
             let Some(sid) = number_after(&name, "session") else { continue };
-            let dev = fs::canonicalize(&link)
-                .map_err(|e| Error::env(format!("cannot read {}: {e}", link.display())))?;
+            let dev =
+                fs::canonicalize(&link).map_err(|e| Error::env(format!("cannot read {}: {e}", link.display())))?;
             // .../platform/hostH/sessionN/iscsi_session/sessionN
             let session_dir = dev.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
             let host = session_dir
@@ -133,7 +133,9 @@ impl Topology {
     /// LUN `lun` and its disk; false means it is stale for that row (a
     /// login, or a LUN's disk that appeared, since it was read).
     pub fn knows(&self, sid: u32, host: u32, lun: u64) -> bool {
-        self.session(sid).map(|s| s.host == host && s.luns.iter().any(|l| l.lun == lun && l.disk.is_some())).unwrap_or(false)
+        self.session(sid)
+            .map(|s| s.host == host && s.luns.iter().any(|l| l.lun == lun && l.disk.is_some()))
+            .unwrap_or(false)
     }
 
     /// One line per session for error messages: `1 (iqn..., host 2, sda sdb)`.
@@ -145,7 +147,13 @@ impl Topology {
             .iter()
             .map(|s| {
                 let disks: Vec<&str> = s.luns.iter().filter_map(|l| l.disk.as_deref()).collect();
-                format!("sid {} {} (host {}, LUNs {})", s.sid, s.target, s.host, if disks.is_empty() { "-".to_string() } else { disks.join(" ") })
+                format!(
+                    "sid {} {} (host {}, LUNs {})",
+                    s.sid,
+                    s.target,
+                    s.host,
+                    if disks.is_empty() { "-".to_string() } else { disks.join(" ") }
+                )
             })
             .collect::<Vec<_>>()
             .join("; ")
@@ -172,7 +180,11 @@ trait OrElse {
 }
 impl OrElse for String {
     fn pipe_or(self, f: impl FnOnce() -> String) -> String {
-        if self.is_empty() { f() } else { self }
+        if self.is_empty() {
+            f()
+        } else {
+            self
+        }
     }
 }
 
@@ -188,7 +200,9 @@ fn read_luns(session_dir: &Path) -> Vec<Lun> {
             if parts.len() != 4 {
                 continue;
             }
-            let (Ok(channel), Ok(id), Ok(lun)) = (parts[1].parse(), parts[2].parse(), parts[3].parse()) else { continue };
+            let (Ok(channel), Ok(id), Ok(lun)) = (parts[1].parse(), parts[2].parse(), parts[3].parse()) else {
+                continue;
+            };
             let disk = sorted_entries(&dpath.join("block")).into_iter().map(|(n, _)| n).next();
             luns.push(Lun { channel, id, lun, disk });
         }
@@ -242,7 +256,7 @@ mod tests {
     #[test]
     fn natural_order() {
         let mut v = vec!["session10", "session2", "session1"];
-        v.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+        v.sort_by_key(|a| natural_key(a));
         assert_eq!(v, vec!["session1", "session2", "session10"]);
     }
 }

@@ -95,7 +95,12 @@ mod tests {
     use super::*;
     #[test]
     fn writes_escaped_object() {
-        let s = Object::new().str("comm", "a\"b\\c\n").num("ns", 12u64).opt_num::<u32>("r2t", None).bool("ok", true).finish();
+        let s = Object::new()
+            .str("comm", "a\"b\\c\n")
+            .num("ns", 12u64)
+            .opt_num::<u32>("r2t", None)
+            .bool("ok", true)
+            .finish();
         assert_eq!(s, r#"{"comm":"a\"b\\c\n","ns":12,"r2t":null,"ok":true}"#);
         assert_eq!(Object::new().finish(), "{}");
         assert_eq!(escape("\u{1}"), "\\u0001");
@@ -103,7 +108,12 @@ mod tests {
 
     #[test]
     fn floats_are_finite_or_null() {
-        let s = Object::new().float("a", 1.23456, 3).float("b", f64::NAN, 3).float("c", f64::INFINITY, 1).num("d", -4i32).finish();
+        let s = Object::new()
+            .float("a", 1.23456, 3)
+            .float("b", f64::NAN, 3)
+            .float("c", f64::INFINITY, 1)
+            .num("d", -4i32)
+            .finish();
         assert_eq!(s, r#"{"a":1.235,"b":null,"c":null,"d":-4}"#);
     }
 }

@@ -1,9 +1,13 @@
 //! Command-line pieces every tool shares: parsing with one-line errors,
 //! thresholds, and the options every tool has. Session filters are in
-//! src/filters.rs.
+//! src/stages/filters.rs.
 
+pub mod json;
+pub mod output;
+pub mod textfile;
+
+use crate::cli::output::Unit;
 use crate::error::{Error, Result};
-use crate::output::Unit;
 use clap::{Args, Parser};
 
 /// Parse arguments; usage errors become one line (exit 2), --help and
@@ -17,7 +21,9 @@ pub fn parse<T: Parser>() -> Result<T> {
     T::try_parse().map_err(|e| {
         use clap::error::ErrorKind;
         match e.kind() {
-            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
                 let _ = e.print();
                 std::process::exit(0);
             }
@@ -34,7 +40,13 @@ pub fn parse<T: Parser>() -> Result<T> {
 #[derive(Args, Debug, Clone, Default)]
 pub struct Threshold {
     /// Show only what took MIN_MS milliseconds or more; times in ms
-    #[arg(short = 'm', long = "min-ms", value_name = "MIN_MS", allow_negative_numbers = true, conflicts_with = "min_us")]
+    #[arg(
+        short = 'm',
+        long = "min-ms",
+        value_name = "MIN_MS",
+        allow_negative_numbers = true,
+        conflicts_with = "min_us"
+    )]
     pub min_ms: Option<u64>,
     /// Show only what took MIN_US microseconds or more; times in us (0 = everything)
     #[arg(short = 'u', long = "min-us", value_name = "MIN_US", allow_negative_numbers = true)]
@@ -46,7 +58,7 @@ impl Threshold {
     pub fn resolve(&self, default_ms: u64) -> Result<(u64, Unit)> {
         const MAX_US: u64 = 3_600_000_000; // one hour
         let (us, unit) = match (self.min_ms, self.min_us) {
-            (Some(ms), _) => (ms.checked_mul(1000).unwrap_or(u64::MAX), Unit::Ms),
+            (Some(ms), _) => (ms.saturating_mul(1000), Unit::Ms),
             (None, Some(us)) => (us, Unit::Us),
             (None, None) => (default_ms * 1000, Unit::Ms),
         };

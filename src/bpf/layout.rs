@@ -1,5 +1,5 @@
 //! C struct layouts read from the templates, so a test can check that each
-//! Rust decoder (src/events.rs, src/stats.rs, src/freeze.rs) reads the
+//! Rust decoder (src/bpf/events.rs, src/stages/stats.rs, src/freeze/mod.rs) reads the
 //! fields where the compiler puts them. Knows the field types the templates
 //! use (u8..u64, s32, int, char arrays, nested structs of the same text)
 //! and x86-64/arm64 natural alignment; anything else is an error.
@@ -66,11 +66,16 @@ pub fn parse(text: &str, name: &str) -> Result<Struct, String> {
             return Ok(Struct { fields, size, align });
         }
         let l = l.strip_suffix(';').ok_or_else(|| format!("struct {name}: cannot read `{l}`"))?;
-        let (ty, decl) = l.rsplit_once(char::is_whitespace).ok_or_else(|| format!("struct {name}: cannot read `{l}`"))?;
+        let (ty, decl) =
+            l.rsplit_once(char::is_whitespace).ok_or_else(|| format!("struct {name}: cannot read `{l}`"))?;
         let (fname, count) = match decl.split_once('[') {
             Some((n, rest)) => {
                 let c = rest.strip_suffix(']').ok_or_else(|| format!("struct {name}: bad array `{decl}`"))?;
-                let c = c.parse().ok().or_else(|| defs.get(c).copied()).ok_or_else(|| format!("struct {name}: unknown array length `{c}`"))?;
+                let c = c
+                    .parse()
+                    .ok()
+                    .or_else(|| defs.get(c).copied())
+                    .ok_or_else(|| format!("struct {name}: unknown array length `{c}`"))?;
                 (n, c)
             }
             None => (decl, 1),

@@ -1,11 +1,11 @@
 //! isclatency's output: one line (or JSON object) per timed command, with
 //! the disk and session looked up in the topology.
 
-use crate::events::Command;
-use crate::json;
-use crate::output::{Clock, Unit};
+use crate::bpf::events::Command;
+use crate::cli::json;
+use crate::cli::output::{Clock, Unit};
+use crate::iscsi::topology::Topology;
 use crate::stages::StagePlan;
-use crate::topology::Topology;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -28,8 +28,27 @@ pub struct LatencyView {
 }
 
 impl LatencyView {
-    pub fn new(unit: Unit, timestamp: bool, extended: bool, plan: &StagePlan, clock: Clock, topo: Topology, sysfs: Option<PathBuf>) -> LatencyView {
-        LatencyView { unit, timestamp, extended, have_sent: plan.have_sent, have_r2t: plan.have_r2t, have_rx: plan.have_rx, clock, topo, sysfs, topo_read_at: Instant::now() }
+    pub fn new(
+        unit: Unit,
+        timestamp: bool,
+        extended: bool,
+        plan: &StagePlan,
+        clock: Clock,
+        topo: Topology,
+        sysfs: Option<PathBuf>,
+    ) -> LatencyView {
+        LatencyView {
+            unit,
+            timestamp,
+            extended,
+            have_sent: plan.have_sent,
+            have_r2t: plan.have_r2t,
+            have_rx: plan.have_rx,
+            clock,
+            topo,
+            sysfs,
+            topo_read_at: Instant::now(),
+        }
     }
 
     fn disk(&mut self, c: &Command) -> String {
@@ -50,7 +69,11 @@ impl LatencyView {
 
     fn time(&self, c: &Command) -> String {
         let done = c.ts_queue + c.total;
-        if self.timestamp { self.clock.wall(done) } else { format!("{:.6}", self.clock.since_start(done)) }
+        if self.timestamp {
+            self.clock.wall(done)
+        } else {
+            format!("{:.6}", self.clock.since_start(done))
+        }
     }
 
     pub fn header(&self) -> String {
@@ -58,8 +81,21 @@ impl LatencyView {
         let time = if self.timestamp { "TIME" } else { "TIME(s)" };
         let mut h = format!(
             "{time:<14} {:<16} {:>7} {:>7} {:<6} {:>3} {} {:>7} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>4} {}",
-            "COMM", "PID", "SID:CID", "DISK", "LUN", "T", "BYTES",
-            format!("WAIT({u})"), format!("SEND({u})"), format!("RESP({u})"), format!("NET({u})"), format!("TARGET({u})"), format!("TOTAL({u})"), "RETX", "RESULT"
+            "COMM",
+            "PID",
+            "SID:CID",
+            "DISK",
+            "LUN",
+            "T",
+            "BYTES",
+            format!("WAIT({u})"),
+            format!("SEND({u})"),
+            format!("RESP({u})"),
+            format!("NET({u})"),
+            format!("TARGET({u})"),
+            format!("TOTAL({u})"),
+            "RETX",
+            "RESULT"
         );
         if self.extended {
             h.push_str(&format!(" {:>3} {} {} {}", "R2T", "TARGETNAME", "INITIATOR", "PORTAL"));
@@ -78,8 +114,22 @@ impl LatencyView {
         let disk = self.disk(c);
         let mut line = format!(
             "{:<14} {:<16} {:>7} {:>7} {:<6} {:>3} {} {:>7} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>4} {}",
-            self.time(c), c.comm, c.pid, format!("{}:{}", c.sid, c.cid), disk, c.lun, c.dir.letter(), c.bytes,
-            u.fmt(c.wait), send, u.fmt(c.resp), net, target, u.fmt(c.total), retx, c.result_text()
+            self.time(c),
+            c.comm,
+            c.pid,
+            format!("{}:{}", c.sid, c.cid),
+            disk,
+            c.lun,
+            c.dir.letter(),
+            c.bytes,
+            u.fmt(c.wait),
+            send,
+            u.fmt(c.resp),
+            net,
+            target,
+            u.fmt(c.total),
+            retx,
+            c.result_text()
         );
         if self.extended {
             let (target, initiator, portal) = match self.topo.session(c.sid) {
@@ -133,18 +183,44 @@ impl LatencyView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::Direction;
-    use crate::headers::ScsiLayout;
+    use crate::bpf::events::Direction;
+    use crate::kernel::headers::ScsiLayout;
     use std::path::Path;
 
     fn view(have_sent: bool) -> LatencyView {
         let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
-        let plan = StagePlan { have_sent, have_r2t: have_sent, have_rx: have_sent, ..StagePlan::assume_all(ScsiLayout::modern()) };
+        let plan = StagePlan {
+            have_sent,
+            have_r2t: have_sent,
+            have_rx: have_sent,
+            ..StagePlan::assume_all(ScsiLayout::modern())
+        };
         LatencyView::new(Unit::Ms, false, true, &plan, Clock::start(), topo, None)
     }
 
     fn cmd(send: u64) -> Command {
-        Command { ts_queue: 0, wait: 1_000_000, send, resp: 5_000_000, total: 6_000_000 + send, split: Some((1_250_000, 3_750_000)), lun: 0, host: 0, channel: 0, id: 0, sid: 1, cid: 0, pid: 7, bytes: 4096, r2t: 0, retrans: Some(2), result: 0, dir: Direction::Read, opcode: 0x28, comm: "fio".into() }
+        Command {
+            ts_queue: 0,
+            wait: 1_000_000,
+            send,
+            resp: 5_000_000,
+            total: 6_000_000 + send,
+            split: Some((1_250_000, 3_750_000)),
+            lun: 0,
+            host: 0,
+            channel: 0,
+            id: 0,
+            sid: 1,
+            cid: 0,
+            pid: 7,
+            bytes: 4096,
+            r2t: 0,
+            retrans: Some(2),
+            result: 0,
+            dir: Direction::Read,
+            opcode: 0x28,
+            comm: "fio".into(),
+        }
     }
 
     #[test]
@@ -153,8 +229,16 @@ mod tests {
         let line = v.row(&cmd(2_000_000));
         assert!(line.contains(" 1.000      2.000      5.000      1.250       3.750      8.000    2 ok"), "{line}");
         let j: Vec<String> = v.json(&cmd(2_000_000)).split(',').map(String::from).collect();
-        assert!(j.contains(&"\"send_ns\":2000000".to_string()) && j.contains(&"\"resp_ns\":5000000".to_string()), "{j:?}");
-        assert!(j.contains(&"\"net_ns\":1250000".to_string()) && j.contains(&"\"target_ns\":3750000".to_string()) && j.contains(&"\"retrans\":2".to_string()), "{j:?}");
+        assert!(
+            j.contains(&"\"send_ns\":2000000".to_string()) && j.contains(&"\"resp_ns\":5000000".to_string()),
+            "{j:?}"
+        );
+        assert!(
+            j.contains(&"\"net_ns\":1250000".to_string())
+                && j.contains(&"\"target_ns\":3750000".to_string())
+                && j.contains(&"\"retrans\":2".to_string()),
+            "{j:?}"
+        );
         // A command that could not be split, and one whose socket was gone.
         let c = Command { split: None, retrans: None, ..cmd(2_000_000) };
         let line = v.row(&c);
@@ -172,6 +256,9 @@ mod tests {
         assert!(line.contains(" 1.000          -      5.000          -           -      6.000    2 ok"), "{line}");
         assert!(line.contains("   - iqn."), "R2T unknown too: {line}");
         let j = v.json(&cmd(0));
-        assert!(j.contains("\"send_ns\":null") && j.contains("\"resp_ns\":5000000") && j.contains("\"r2t\":null"), "{j}");
+        assert!(
+            j.contains("\"send_ns\":null") && j.contains("\"resp_ns\":5000000") && j.contains("\"r2t\":null"),
+            "{j}"
+        );
     }
 }

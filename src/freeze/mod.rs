@@ -3,20 +3,32 @@
 //! matching the submitters that waited to the freeze they waited for, and
 //! the per-disk summary from the kernel's totals. The C side is
 //! bpf_templates/iscfreeze.c; its event record is
-//! [`crate::events::FreezeEvent`].
+//! [`crate::bpf::events::FreezeEvent`].
 
-use crate::blockdev::{self, BlockDevs};
+use crate::bpf::events::{FreezeEvent, Reader};
+use crate::bpf::runner::Probe;
+use crate::bpf::templates::{self, Template, Value};
 use crate::error::{Error, Result};
-use crate::events::{FreezeEvent, Reader};
-use crate::headers::BlockLayout;
+use crate::iscsi::blockdev::{self, BlockDevs};
+use crate::kernel::headers::BlockLayout;
 use crate::kernel::Kernel;
-use crate::runner::Probe;
-use crate::templates::{self, Template, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-pub const FREEZE_BEGIN: &[&str] = &["blk_freeze_queue_start", "__blk_freeze_queue_start", "blk_freeze_queue_start_non_owner", "blk_freeze_queue", "blk_mq_freeze_queue", "blk_mq_freeze_queue_nomemsave"];
-pub const FREEZE_END: &[&str] = &["blk_mq_unfreeze_queue", "__blk_mq_unfreeze_queue", "blk_mq_unfreeze_queue_nomemrestore", "blk_mq_unfreeze_queue_non_owner"];
+pub const FREEZE_BEGIN: &[&str] = &[
+    "blk_freeze_queue_start",
+    "__blk_freeze_queue_start",
+    "blk_freeze_queue_start_non_owner",
+    "blk_freeze_queue",
+    "blk_mq_freeze_queue",
+    "blk_mq_freeze_queue_nomemsave",
+];
+pub const FREEZE_END: &[&str] = &[
+    "blk_mq_unfreeze_queue",
+    "__blk_mq_unfreeze_queue",
+    "blk_mq_unfreeze_queue_nomemrestore",
+    "blk_mq_unfreeze_queue_non_owner",
+];
 pub const QUIESCE_BEGIN: &[&str] = &["blk_mq_quiesce_queue", "blk_mq_quiesce_queue_nowait"];
 pub const QUIESCE_END: &[&str] = &["blk_mq_unquiesce_queue"];
 
@@ -35,7 +47,8 @@ pub struct FreezePlan {
 
 impl FreezePlan {
     pub fn choose(kernel: &Kernel, layout: BlockLayout) -> Result<FreezePlan> {
-        let have = |c: &[&'static str]| -> Vec<&'static str> { c.iter().copied().filter(|f| kernel.can_probe(f)).collect() };
+        let have =
+            |c: &[&'static str]| -> Vec<&'static str> { c.iter().copied().filter(|f| kernel.can_probe(f)).collect() };
         let mut probes = Vec::new();
         let mut notes = Vec::new();
         let (fb, fe) = (have(FREEZE_BEGIN), have(FREEZE_END));
@@ -49,7 +62,11 @@ impl FreezePlan {
         probes.extend(fe.iter().map(|f| Probe::entry(f, "freeze_end")));
         let (qb, qe) = (have(QUIESCE_BEGIN), have(QUIESCE_END));
         if qb.is_empty() || qe.is_empty() {
-            notes.push(format!("no traceable {} / {}: quiesces (iSCSI recovery stalls) are not shown", QUIESCE_BEGIN.join(", "), QUIESCE_END.join(", ")));
+            notes.push(format!(
+                "no traceable {} / {}: quiesces (iSCSI recovery stalls) are not shown",
+                QUIESCE_BEGIN.join(", "),
+                QUIESCE_END.join(", ")
+            ));
         } else {
             probes.extend(qb.iter().map(|f| Probe::entry(f, "quiesce_begin")));
             probes.extend(qe.iter().map(|f| Probe::entry(f, "quiesce_end")));
@@ -58,7 +75,10 @@ impl FreezePlan {
             probes.push(Probe::entry("blk_queue_enter", "wait_enter_queue"));
             probes.push(Probe::ret("blk_queue_enter", "wait_return"));
         } else {
-            notes.push("blk_queue_enter is not traceable: waits for request allocation (passthrough commands) are not counted".into());
+            notes.push(
+                "blk_queue_enter is not traceable: waits for request allocation (passthrough commands) are not counted"
+                    .into(),
+            );
         }
         if kernel.can_probe("__bio_queue_enter") {
             probes.push(Probe::entry("__bio_queue_enter", "wait_enter_bio"));
@@ -88,7 +108,11 @@ impl FreezePlan {
     pub fn describe(&self, kernel: &Kernel) -> String {
         format!(
             "kernel {}: functions from {:?}, ring buffer: {}, queue disk via {}, nested quiesce depth: {}",
-            kernel.release, kernel.source, kernel.ringbuf, if self.layout.queue_disk { "q->disk" } else { "q->backing_dev_info" }, self.layout.quiesce_depth
+            kernel.release,
+            kernel.source,
+            kernel.ringbuf,
+            if self.layout.queue_disk { "q->disk" } else { "q->backing_dev_info" },
+            self.layout.quiesce_depth
         )
     }
 }
@@ -204,7 +228,8 @@ impl Total {
         let mut k = Reader::new(key);
         let (_queue, kind) = (k.u64()?, k.u32()?);
         let mut r = Reader::new(value);
-        let (count, time_ns, waits, wait_ns, max_wait_ns, dev, _pad, disk) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u32()?, r.u32()?, r.cstr(32)?);
+        let (count, time_ns, waits, wait_ns, max_wait_ns, dev, _pad, disk) =
+            (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u32()?, r.u32()?, r.cstr(32)?);
         Some(Total { kind, count, time_ns, waits, wait_ns, max_wait_ns, dev, disk })
     }
 }
@@ -244,10 +269,23 @@ pub fn summarise(totals: &[Total], namer: &mut DiskNamer) -> BTreeMap<String, Di
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{self, Sample};
+    use crate::bpf::layout::{self, Sample};
 
     fn ev(ty: u64, q: u64, start: u64, value: u64) -> FreezeEvent {
-        FreezeEvent { ty, q, start, end: start + 10, value, kind: 0, pid: 1, tid: 1, dev: 0, stack: -1, comm: "x".into(), disk: "sda".into() }
+        FreezeEvent {
+            ty,
+            q,
+            start,
+            end: start + 10,
+            value,
+            kind: 0,
+            pid: 1,
+            tid: 1,
+            dev: 0,
+            stack: -1,
+            comm: "x".into(),
+            disk: "sda".into(),
+        }
     }
 
     #[test]
@@ -281,22 +319,47 @@ mod tests {
         assert_eq!((key.layout.size, val.layout.size), (Total::KEY_SIZE, Total::SIZE));
         let t = Total::parse(&key.bytes, &val.bytes).unwrap();
         assert_eq!(t.kind as u64, key.int("kind", 0));
-        assert_eq!([t.count, t.time_ns, t.waits, t.wait_ns, t.max_wait_ns, t.dev as u64], ["count", "time_ns", "waits", "wait_ns", "max_wait_ns", "dev"].map(|n| val.int(n, 0)));
+        assert_eq!(
+            [t.count, t.time_ns, t.waits, t.wait_ns, t.max_wait_ns, t.dev as u64],
+            ["count", "time_ns", "waits", "wait_ns", "max_wait_ns", "dev"].map(|n| val.int(n, 0))
+        );
         assert_eq!(t.disk, val.string("disk"));
 
         let mut namer = DiskNamer { layout: BlockLayout::modern(), devs: BlockDevs::default(), wanted: None };
-        let f = |kind, count, max| Total { kind, count, time_ns: 10 * count, waits: count, wait_ns: count, max_wait_ns: max, dev: 1, disk: "sda".into() };
+        let f = |kind, count, max| Total {
+            kind,
+            count,
+            time_ns: 10 * count,
+            waits: count,
+            wait_ns: count,
+            max_wait_ns: max,
+            dev: 1,
+            disk: "sda".into(),
+        };
         let s = summarise(&[f(0, 2, 5), f(0, 1, 9), f(1, 4, 0)], &mut namer);
-        assert_eq!(s["sda"], DiskSummary { freezes: 3, frozen_ns: 30, delayed: 3, waited_ns: 3, max_wait_ns: 9, quiesces: 4, quiesced_ns: 40 });
+        assert_eq!(
+            s["sda"],
+            DiskSummary {
+                freezes: 3,
+                frozen_ns: 30,
+                delayed: 3,
+                waited_ns: 3,
+                max_wait_ns: 9,
+                quiesces: 4,
+                quiesced_ns: 40
+            }
+        );
     }
 
     #[test]
     fn old_kernels_name_and_filter_disks_in_user_space() {
         let old = BlockLayout { bio_bdev: false, queue_disk: false, quiesce_depth: false };
-        let mut namer = DiskNamer { layout: old, devs: BlockDevs::default(), wanted: Some(HashSet::from([blockdev::kdev(8, 0)])) };
+        let mut namer =
+            DiskNamer { layout: old, devs: BlockDevs::default(), wanted: Some(HashSet::from([blockdev::kdev(8, 0)])) };
         assert_eq!(namer.disk(0, "8:0"), Some(("8:0".to_string(), blockdev::kdev(8, 0))));
         assert_eq!(namer.disk(0, "8:16"), None);
-        let mut namer = DiskNamer { layout: BlockLayout::modern(), devs: BlockDevs::default(), wanted: Some(HashSet::new()) };
+        let mut namer =
+            DiskNamer { layout: BlockLayout::modern(), devs: BlockDevs::default(), wanted: Some(HashSet::new()) };
         assert_eq!(namer.disk(5, ""), Some(("-".to_string(), 5)), "filtered in the kernel already");
     }
 
@@ -306,7 +369,12 @@ mod tests {
             for quiesce_depth in [true, false] {
                 for ringbuf in [true, false] {
                     for filter in [true, false] {
-                        let p = FreezePlan { probes: vec![], notes: vec![], layout: BlockLayout { bio_bdev: true, queue_disk, quiesce_depth }, ringbuf };
+                        let p = FreezePlan {
+                            probes: vec![],
+                            notes: vec![],
+                            layout: BlockLayout { bio_bdev: true, queue_disk, quiesce_depth },
+                            ringbuf,
+                        };
                         let c = p.render(5, filter).unwrap();
                         assert!(c.contains(&format!("#define FILTER_SET {}\n", (filter && queue_disk) as u8)));
                         assert!(c.contains(&format!("#define QUEUE_DISK {}\n", queue_disk as u8)) && !c.contains("{{"));

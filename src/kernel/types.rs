@@ -22,7 +22,7 @@
 //! express here (a bitfield, a missing type or member) is
 //! an error with its reason, and the caller compiles the headers instead.
 
-use crate::btf::{self, Loaded, View};
+use crate::kernel::btf::{self, Loaded, View};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
 
@@ -44,7 +44,9 @@ pub struct StructSpec {
 }
 
 fn is_ident(s: &str) -> bool {
-    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !s.starts_with(|c: char| c.is_ascii_digit())
+    !s.is_empty()
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !s.starts_with(|c: char| c.is_ascii_digit())
 }
 
 impl Spec {
@@ -64,7 +66,12 @@ impl Spec {
                     let at = match spec.structs.iter().position(|s| s.name == name) {
                         Some(i) => i,
                         None => {
-                            spec.structs.push(StructSpec { name: name.into(), optional, members: Vec::new(), all: false });
+                            spec.structs.push(StructSpec {
+                                name: name.into(),
+                                optional,
+                                members: Vec::new(),
+                                all: false,
+                            });
                             spec.structs.len() - 1
                         }
                     };
@@ -124,7 +131,11 @@ pub fn from_btf(btf: &mut Loaded, parts: &[&str], modules: &[&str]) -> Result<Ke
 /// program compiled from the headers needs no networking headers: on 5.10
 /// `linux/net.h` and `linux/tcp.h` took what the stage programs include
 /// from 54,500 to 94,700 preprocessed lines and 2.6 times the parse.
-pub const NET_MEMBERS: [(&str, &str, &str); 3] = [("SOCKET_SK_OFF", "socket", "sk"), ("TCP_TOTAL_RETRANS_OFF", "tcp_sock", "total_retrans"), ("TCP_RTT_MIN_OFF", "tcp_sock", "rtt_min")];
+pub const NET_MEMBERS: [(&str, &str, &str); 3] = [
+    ("SOCKET_SK_OFF", "socket", "sk"),
+    ("TCP_TOTAL_RETRANS_OFF", "tcp_sock", "total_retrans"),
+    ("TCP_RTT_MIN_OFF", "tcp_sock", "rtt_min"),
+];
 
 /// The byte offsets of `NET_MEMBERS`, in order, from vmlinux's BTF.
 pub fn net_offsets(btf: &mut Loaded) -> Result<[u32; 3], String> {
@@ -137,7 +148,8 @@ fn offsets<const N: usize>(views: &[View], members: &[(&str, &str); N]) -> Resul
     let index = Index::new(views);
     let mut out = [0u32; N];
     for (o, (s, m)) in out.iter_mut().zip(members) {
-        let &(view, id) = index.structs.get(s.as_bytes()).ok_or_else(|| format!("struct {s} is not in the kernel's BTF"))?;
+        let &(view, id) =
+            index.structs.get(s.as_bytes()).ok_or_else(|| format!("struct {s} is not in the kernel's BTF"))?;
         let member = find_member(&view, &view.members(id), m).ok_or_else(|| format!("struct {s} has no member {m}"))?;
         if member.bitfield_size != 0 || member.bit_offset % 8 != 0 {
             return Err(format!("{s}.{m} is a bitfield"));
@@ -191,7 +203,9 @@ impl KernelTypes {
     /// The definitions for `spec`, the types looked up in `views` in order
     /// (vmlinux first, then modules' split BTF).
     pub fn write(spec: &Spec, views: &[View]) -> Result<KernelTypes, String> {
-        let mut out = String::from("/* Kernel types from the running kernel's BTF (src/kernel_types.rs). */\n#define BTF_TYPES 1\n");
+        let mut out = String::from(
+            "/* Kernel types from the running kernel's BTF (src/kernel/types.rs). */\n#define BTF_TYPES 1\n",
+        );
         let mut asserts = String::new();
         let mut present = BTreeSet::new();
         let index = Index::new(views);
@@ -210,10 +224,21 @@ impl KernelTypes {
                     paths.push((vec![name], false));
                 }
             }
-            let mut w = Writer { view, root: format!("{tag} {}", s.name), present: &mut present, asserts: &mut asserts, pad: 0 };
+            let mut w = Writer {
+                view,
+                root: format!("{tag} {}", s.name),
+                present: &mut present,
+                asserts: &mut asserts,
+                pad: 0,
+            };
             let body = w.body(id, &s.name, 0, &paths, 1)?;
             writeln!(out, "{tag} {} {{\n{body}}};", s.name).ok();
-            writeln!(asserts, "_Static_assert(sizeof({tag} {}) == {}, \"size of {tag} {}\");", s.name, t.size_or_type, s.name).ok();
+            writeln!(
+                asserts,
+                "_Static_assert(sizeof({tag} {}) == {}, \"size of {tag} {}\");",
+                s.name, t.size_or_type, s.name
+            )
+            .ok();
             present.insert(s.name.clone());
         }
         if !spec.constants.is_empty() {
@@ -284,7 +309,14 @@ struct Writer<'v, 'p> {
 impl Writer<'_, '_> {
     /// The inside of a struct definition: a union of one padded struct per
     /// member read, and the type's full size.
-    fn body(&mut self, id: u32, path: &str, base: u32, members: &[(Vec<String>, bool)], depth: usize) -> Result<String, String> {
+    fn body(
+        &mut self,
+        id: u32,
+        path: &str,
+        base: u32,
+        members: &[(Vec<String>, bool)],
+        depth: usize,
+    ) -> Result<String, String> {
         let t = self.view.get(id).ok_or("BTF type vanished")?;
         let all = self.view.members(id);
         let ind = "    ".repeat(depth);
@@ -296,7 +328,11 @@ impl Writer<'_, '_> {
             }
         }
         for first in firsts {
-            let sub: Vec<(Vec<String>, bool)> = members.iter().filter(|(p, _)| p[0] == first && p.len() > 1).map(|(p, o)| (p[1..].to_vec(), *o)).collect();
+            let sub: Vec<(Vec<String>, bool)> = members
+                .iter()
+                .filter(|(p, _)| p[0] == first && p.len() > 1)
+                .map(|(p, o)| (p[1..].to_vec(), *o))
+                .collect();
             let optional = members.iter().filter(|(p, _)| p[0] == first).all(|(_, o)| *o);
             let here = format!("{path}.{first}");
             let Some(m) = find_member(&self.view, &all, first) else {
@@ -330,7 +366,13 @@ impl Writer<'_, '_> {
             };
             writeln!(out, "{ind}    struct {{ {pad}{decl}; }};").ok();
             let member = here.split_once('.').map_or(here.as_str(), |(_, rest)| rest);
-            writeln!(self.asserts, "_Static_assert(__builtin_offsetof({}, {member}) == {}, \"offset of {here}\");", self.root, base + byte).ok();
+            writeln!(
+                self.asserts,
+                "_Static_assert(__builtin_offsetof({}, {member}) == {}, \"offset of {here}\");",
+                self.root,
+                base + byte
+            )
+            .ok();
             self.present.insert(here);
         }
         let size = t.size_or_type;
@@ -342,7 +384,9 @@ impl Writer<'_, '_> {
     fn decl(&mut self, type_id: u32, name: &str, here: &str) -> Result<String, String> {
         let (_, t) = strip(&self.view, type_id).ok_or("BTF type vanished")?;
         match t.kind {
-            btf::KIND_INT => int_name(&t).map(|ty| format!("{ty} {name}")).ok_or_else(|| format!("{here}: an integer of odd width")),
+            btf::KIND_INT => {
+                int_name(&t).map(|ty| format!("{ty} {name}")).ok_or_else(|| format!("{here}: an integer of odd width"))
+            }
             btf::KIND_ENUM | btf::KIND_ENUM64 => {
                 let ty = match (t.size_or_type, t.kind_flag) {
                     (1, _) => "unsigned char",
@@ -359,8 +403,12 @@ impl Writer<'_, '_> {
                 self.present.insert(format!("{here}:ptr"));
                 let pointee = strip(&self.view, t.size_or_type).map(|(_, p)| p);
                 Ok(match pointee {
-                    Some(p) if (p.kind == btf::KIND_STRUCT || p.kind == btf::KIND_UNION || p.kind == 7) && !p.name.is_empty() => {
-                        let tag = if p.kind == btf::KIND_UNION || (p.kind == 7 && p.kind_flag) { "union" } else { "struct" };
+                    Some(p)
+                        if (p.kind == btf::KIND_STRUCT || p.kind == btf::KIND_UNION || p.kind == 7)
+                            && !p.name.is_empty() =>
+                    {
+                        let tag =
+                            if p.kind == btf::KIND_UNION || (p.kind == 7 && p.kind_flag) { "union" } else { "struct" };
                         format!("{tag} {} *{name}", String::from_utf8_lossy(p.name))
                     }
                     Some(p) if p.kind == btf::KIND_INT => format!("{} *{name}", int_name(&p).unwrap_or("void")),
@@ -438,7 +486,7 @@ fn int_name(t: &btf::Type) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::btf::Btf;
+    use crate::kernel::btf::Btf;
 
     /// A BTF blob built type by type (ids from `first`), as the kernel
     /// writes it (include/uapi/linux/btf.h).
@@ -529,7 +577,12 @@ mod tests {
         let char_ = v.int("char", 1, true, 8); // 2
         let u64_ = v.int("long long unsigned int", 8, false, 64); // 3
         let name = v.array(char_, 32); // 4
-        v.compound(4, "gendisk", 48, &[("major", u32_, 0, 0), ("first_minor", u32_, 32, 0), ("disk_name", name, 64, 0)]); // 5
+        v.compound(
+            4,
+            "gendisk",
+            48,
+            &[("major", u32_, 0, 0), ("first_minor", u32_, 32, 0), ("disk_name", name, 64, 0)],
+        ); // 5
         v.enumeration("dma_data_direction", &[("DMA_TO_DEVICE", 1), ("DMA_FROM_DEVICE", 2)]); // 6
         let _ = u64_;
         let vmlinux = Btf::parse(&v.bytes(), None).unwrap();
@@ -539,14 +592,19 @@ mod tests {
         let buf = m.compound(4, "buf", 24, &[("length", 1, 128, 0)]); // 9
         let cdb = m.array(2, 16); // 10
         let typedef = m.rec("u32_t", 8, 0, false, 1); // 11
-        let cmd = m.compound(4, "cmd", 96, &[
-            ("disk", disk_ptr, 0, 0),
-            ("", anon, 64, 0),
-            ("sdb", buf, 128, 0),
-            ("cmnd", cdb, 320, 0),
-            ("flags", 1, 448, 3),
-            ("tag", typedef, 512, 0),
-        ]); // 12
+        let cmd = m.compound(
+            4,
+            "cmd",
+            96,
+            &[
+                ("disk", disk_ptr, 0, 0),
+                ("", anon, 64, 0),
+                ("sdb", buf, 128, 0),
+                ("cmnd", cdb, 320, 0),
+                ("flags", 1, 448, 3),
+                ("tag", typedef, 512, 0),
+            ],
+        ); // 12
         let _ = cmd;
         m.enumeration("", &[("TASK_DONE", 1)]); // 13
         let module = Btf::parse(&m.bytes(), Some(&vmlinux)).unwrap();
@@ -563,7 +621,10 @@ mod tests {
     fn member_offsets_in_bytes_through_anonymous_members() {
         let (vmlinux, module) = kernel();
         let views = [View { base: &vmlinux, split: None }, View { base: &vmlinux, split: Some(&module) }];
-        assert_eq!(offsets(&views, &[("cmd", "sdb"), ("cmd", "y"), ("cmd", "tag"), ("gendisk", "disk_name")]), Ok([16, 8, 64, 8]));
+        assert_eq!(
+            offsets(&views, &[("cmd", "sdb"), ("cmd", "y"), ("cmd", "tag"), ("gendisk", "disk_name")]),
+            Ok([16, 8, 64, 8])
+        );
         assert_eq!(offsets(&views, &[("cmd", "flags")]), Err("cmd.flags is a bitfield".into()));
         assert_eq!(offsets(&views, &[("cmd", "nope")]), Err("struct cmd has no member nope".into()));
         assert_eq!(offsets(&views[..1], &[("cmd", "sdb")]), Err("struct cmd is not in the kernel's BTF".into()));
@@ -574,11 +635,11 @@ mod tests {
     /// has its placeholder.
     #[test]
     fn net_members_agree_with_the_stage_template() {
-        let spec = Spec::parse(crate::templates::ISCSI_STAGES).unwrap();
+        let spec = Spec::parse(crate::bpf::templates::ISCSI_STAGES).unwrap();
         for (ph, st, m) in NET_MEMBERS {
             let s = spec.structs.iter().find(|s| s.name == st).unwrap_or_else(|| panic!("no @struct {st}"));
             assert!(s.members.iter().any(|(p, _)| p == &[m.to_string()]), "@struct {st} lacks {m}");
-            assert!(crate::templates::ISCSI_STAGES.contains(&format!("{{{{{ph}}}}}")), "no placeholder {ph}");
+            assert!(crate::bpf::templates::ISCSI_STAGES.contains(&format!("{{{{{ph}}}}}")), "no placeholder {ph}");
         }
     }
 
@@ -586,7 +647,14 @@ mod tests {
     fn parses_the_lists_in_template_comments() {
         let s = Spec::parse("/* x\n * @struct cmd disk sdb.length\n * @struct cmd disk opt? \n * @struct other? a\n// @struct regs *\n * @enum A B A\n */").unwrap();
         assert_eq!(s.structs.len(), 3);
-        assert_eq!(s.structs[0].members, vec![(vec!["disk".to_string()], false), (vec!["sdb".into(), "length".into()], false), (vec!["opt".into()], true)]);
+        assert_eq!(
+            s.structs[0].members,
+            vec![
+                (vec!["disk".to_string()], false),
+                (vec!["sdb".into(), "length".into()], false),
+                (vec!["opt".into()], true)
+            ]
+        );
         assert!(!s.structs[0].optional && s.structs[1].optional && s.structs[2].all);
         assert_eq!(s.constants, vec!["A", "B"]);
         for bad in ["* @struct", "* @struct 9x a", "* @struct x a-b", "* @enum A+B"] {

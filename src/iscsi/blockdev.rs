@@ -2,7 +2,7 @@
 //! the disks of the iSCSI sessions.
 
 use crate::error::{Error, Result};
-use crate::topology::Topology;
+use crate::iscsi::topology::Topology;
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -73,9 +73,14 @@ impl BlockDevs {
         validate_disk_name(flag, name)?;
         let p = sysfs.join("block").join(name).join("dev");
         let text = fs::read_to_string(&p).map_err(|_| {
-            let mut known: Vec<String> = fs::read_dir(sysfs.join("block")).map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+            let mut known: Vec<String> = fs::read_dir(sysfs.join("block"))
+                .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                .unwrap_or_default();
             known.sort();
-            Error::usage(format!("{flag} {name}: no such disk (disks: {})", if known.is_empty() { "none".to_string() } else { known.join(" ") }))
+            Error::usage(format!(
+                "{flag} {name}: no such disk (disks: {})",
+                if known.is_empty() { "none".to_string() } else { known.join(" ") }
+            ))
         })?;
         parse_dev(&text).ok_or_else(|| Error::env(format!("{}: unexpected content {:?}", p.display(), text.trim())))
     }

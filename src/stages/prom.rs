@@ -2,22 +2,17 @@
 //! Prometheus histograms, cumulative since the tool started, written to a
 //! temporary file and renamed over the target so readers never see half.
 
-use crate::error::{Error, Result};
-use crate::stats::{Conn, Retransmits, Row, RowKey, LE_BUCKETS, NET, SEND, TARGET};
+use crate::cli::textfile::{escape_label, seconds, write_atomically};
+use crate::error::Result;
+use crate::iscsi::topology::Topology;
 #[cfg(test)]
-use crate::stats::TOTAL;
-use crate::topology::Topology;
+use crate::stages::stats::TOTAL;
+use crate::stages::stats::{Conn, Retransmits, Row, RowKey, LE_BUCKETS, LE_NS, NET, SEND, TARGET};
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// Bucket bounds in ns; bpf_templates/iscstat.c `le_index` has the same.
-pub const LE_NS: [u64; 16] = [
-    100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000, 25_000_000, 50_000_000, 100_000_000,
-    250_000_000, 500_000_000, 1_000_000_000, 2_500_000_000, 5_000_000_000, 10_000_000_000,
-];
-/// The `stage` label of each stage of src/stats.rs STAGES, in order.
-pub const STAGE_LABELS: [&str; crate::stats::NSTAGES] = ["wait", "send", "resp", "net", "target", "total"];
+/// The `stage` label of each stage of src/stages/stats.rs STAGES, in order.
+pub const STAGE_LABELS: [&str; crate::stages::stats::NSTAGES] = ["wait", "send", "resp", "net", "target", "total"];
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Labels {
@@ -64,7 +59,10 @@ pub struct Health {
 impl Health {
     fn render(&self, o: &mut String) {
         o.push_str("# HELP iscsi_tracer_up Whether the tracer's probes are attached, by probe set and mechanism.\n# TYPE iscsi_tracer_up gauge\n");
-        o.push_str(&format!("iscsi_tracer_up{{probe_set=\"{}\",mechanism=\"{}\"}} 1\n", self.probe_set, self.mechanism));
+        o.push_str(&format!(
+            "iscsi_tracer_up{{probe_set=\"{}\",mechanism=\"{}\"}} 1\n",
+            self.probe_set, self.mechanism
+        ));
         o.push_str("# HELP iscsi_tracer_lost_commands_total Commands the tracer did not count, by reason.\n# TYPE iscsi_tracer_lost_commands_total counter\n");
         for (reason, n) in &self.lost {
             o.push_str(&format!("iscsi_tracer_lost_commands_total{{reason=\"{reason}\"}} {n}\n"));
@@ -76,7 +74,11 @@ impl Health {
         if let Some(progs) = &self.programs {
             o.push_str("# HELP iscsi_tracer_bpf_run_seconds_total Time the kernel spent running each of the tracer's BPF programs.\n# TYPE iscsi_tracer_bpf_run_seconds_total counter\n");
             for (name, ns, _) in progs {
-                o.push_str(&format!("iscsi_tracer_bpf_run_seconds_total{{program=\"{}\"}} {}\n", escape_label(name), seconds(*ns)));
+                o.push_str(&format!(
+                    "iscsi_tracer_bpf_run_seconds_total{{program=\"{}\"}} {}\n",
+                    escape_label(name),
+                    seconds(*ns)
+                ));
             }
             o.push_str("# HELP iscsi_tracer_bpf_runs_total Times each of the tracer's BPF programs ran.\n# TYPE iscsi_tracer_bpf_runs_total counter\n");
             for (name, _, n) in progs {
@@ -122,48 +124,16 @@ impl Tally {
     }
 }
 
-/// A label value in the text exposition format: only backslash, double
-/// quote and line feed are escaped (`\\`, `\"`, `\n`); everything else,
-/// tabs and any UTF-8 included, is written as it is.
-pub fn escape_label(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Check at start that PATH can be written (its directory exists and is writable).
-pub fn check_writable(path: &Path) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let probe = tmp_path(path);
-    std::fs::File::create(&probe)
-        .and_then(|_| std::fs::remove_file(&probe))
-        .map_err(|e| Error::usage(format!("--prom-file {}: cannot write in {}: {e}", path.display(), dir.display())))
-}
-
-fn tmp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(format!(".tmp.{}", std::process::id()));
-    path.with_file_name(name)
-}
-
 fn label_text(l: &Labels, extra: &str) -> String {
     format!(
         "sid=\"{}\",cid=\"{}\",lun=\"{}\",direction=\"{}\",target=\"{}\",device=\"{}\"{extra}",
-        l.sid, l.cid, l.lun, l.direction, escape_label(&l.target), escape_label(&l.device)
+        l.sid,
+        l.cid,
+        l.lun,
+        l.direction,
+        escape_label(&l.target),
+        escape_label(&l.device)
     )
-}
-
-pub fn seconds(ns: u64) -> String {
-    let s = format!("{:.9}", ns as f64 / 1e9);
-    let s = s.trim_end_matches('0');
-    s.strip_suffix('.').map(|x| x.to_string()).unwrap_or_else(|| s.to_string())
 }
 
 impl Exposition {
@@ -202,7 +172,10 @@ impl Exposition {
                     _ => "other",
                 },
                 target: s.map(|s| s.target.clone()).unwrap_or_default(),
-                device: s.and_then(|s| s.luns.iter().find(|l| l.lun == k.lun)).and_then(|l| l.disk.clone()).unwrap_or_default(),
+                device: s
+                    .and_then(|s| s.luns.iter().find(|l| l.lun == k.lun))
+                    .and_then(|l| l.disk.clone())
+                    .unwrap_or_default(),
             };
             self.series.entry(labels).or_default().merge(r);
         }
@@ -227,17 +200,33 @@ impl Exposition {
                 let mut cum = 0;
                 for (j, le) in LE_NS.iter().enumerate() {
                     cum += s.le[i][j];
-                    o.push_str(&format!("iscsi_command_stage_seconds_bucket{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\",le=\"{}\"", seconds(*le)))));
+                    o.push_str(&format!(
+                        "iscsi_command_stage_seconds_bucket{{{}}} {cum}\n",
+                        label_text(l, &format!(",stage=\"{stage}\",le=\"{}\"", seconds(*le)))
+                    ));
                 }
                 cum += s.le[i][LE_BUCKETS - 1];
-                o.push_str(&format!("iscsi_command_stage_seconds_bucket{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\",le=\"+Inf\""))));
-                o.push_str(&format!("iscsi_command_stage_seconds_sum{{{}}} {}\n", label_text(l, &format!(",stage=\"{stage}\"")), seconds(s.sum[i])));
-                o.push_str(&format!("iscsi_command_stage_seconds_count{{{}}} {cum}\n", label_text(l, &format!(",stage=\"{stage}\""))));
+                o.push_str(&format!(
+                    "iscsi_command_stage_seconds_bucket{{{}}} {cum}\n",
+                    label_text(l, &format!(",stage=\"{stage}\",le=\"+Inf\""))
+                ));
+                o.push_str(&format!(
+                    "iscsi_command_stage_seconds_sum{{{}}} {}\n",
+                    label_text(l, &format!(",stage=\"{stage}\"")),
+                    seconds(s.sum[i])
+                ));
+                o.push_str(&format!(
+                    "iscsi_command_stage_seconds_count{{{}}} {cum}\n",
+                    label_text(l, &format!(",stage=\"{stage}\""))
+                ));
             }
         }
         o.push_str("# HELP iscsi_tcp_retransmits_total TCP segments retransmitted on the iSCSI connection's socket (its total_retrans) since the tracer started.\n# TYPE iscsi_tcp_retransmits_total counter\n");
         for ((sid, cid), (target, n)) in &self.retransmits {
-            o.push_str(&format!("iscsi_tcp_retransmits_total{{sid=\"{sid}\",cid=\"{cid}\",target=\"{}\"}} {n}\n", escape_label(target)));
+            o.push_str(&format!(
+                "iscsi_tcp_retransmits_total{{sid=\"{sid}\",cid=\"{cid}\",target=\"{}\"}} {n}\n",
+                escape_label(target)
+            ));
         }
         if let Some(h) = &self.health {
             h.render(&mut o);
@@ -248,20 +237,6 @@ impl Exposition {
     pub fn write(&self, path: &Path) -> Result<()> {
         write_atomically(path, &self.render())
     }
-}
-
-/// Replace PATH with `text` through a temporary file and a rename, so a
-/// reader never sees half (iscstat's and iscstates' --prom-file).
-pub fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let tmp = tmp_path(path);
-    let r = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(text.as_bytes())?;
-        f.sync_all()
-    });
-    r.and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::env(format!("--prom-file {}: {e}", path.display()))
-    })
 }
 
 #[cfg(test)]
@@ -277,17 +252,27 @@ mod tests {
         s.le[TOTAL][3] = 1; // <= 1ms
         s.le[TOTAL][16] = 1; // > 10s
         s.le[NET][1] = 1;
-        let l = Labels { sid: 1, cid: 0, lun: 0, direction: "read", target: "iqn.x:\"t\"".into(), device: "sda".into() };
+        let l =
+            Labels { sid: 1, cid: 0, lun: 0, direction: "read", target: "iqn.x:\"t\"".into(), device: "sda".into() };
         e.series.insert(l, s);
         let t = e.render();
-        assert!(t.contains(r#"iscsi_commands_total{sid="1",cid="0",lun="0",direction="read",target="iqn.x:\"t\"",device="sda"} 3"#), "{t}");
+        assert!(
+            t.contains(
+                r#"iscsi_commands_total{sid="1",cid="0",lun="0",direction="read",target="iqn.x:\"t\"",device="sda"} 3"#
+            ),
+            "{t}"
+        );
         assert!(t.contains(r#"stage="total",le="0.0001"} 1"#));
         assert!(t.contains(r#"stage="total",le="0.001"} 2"#));
         assert!(t.contains(r#"stage="total",le="10"} 2"#));
         assert!(t.contains(r#"stage="total",le="+Inf"} 3"#));
         assert!(t.contains(r#"iscsi_command_stage_seconds_sum{sid="1",cid="0",lun="0",direction="read",target="iqn.x:\"t\"",device="sda",stage="total"} 0.0015"#));
         assert!(t.contains(r#"iscsi_command_stage_seconds_count{sid="1",cid="0",lun="0",direction="read",target="iqn.x:\"t\"",device="sda",stage="wait"} 0"#));
-        assert!(t.contains(r#"device="sda",stage="net",le="0.00025"} 1"#) && t.contains(r#"device="sda",stage="target",le="+Inf"} 0"#), "{t}");
+        assert!(
+            t.contains(r#"device="sda",stage="net",le="0.00025"} 1"#)
+                && t.contains(r#"device="sda",stage="target",le="+Inf"} 0"#),
+            "{t}"
+        );
         e.retransmits.insert((1, 0), ("iqn.x".into(), 4));
         assert!(e.render().contains("# TYPE iscsi_tcp_retransmits_total counter\niscsi_tcp_retransmits_total{sid=\"1\",cid=\"0\",target=\"iqn.x\"} 4\n"));
     }
@@ -295,7 +280,7 @@ mod tests {
     #[test]
     fn template_has_the_same_bounds() {
         for le in LE_NS {
-            assert!(crate::templates::ISCSTAT.contains(&format!("ns <= {le}ULL")), "{le} missing from iscstat.c");
+            assert!(crate::bpf::templates::ISCSTAT.contains(&format!("ns <= {le}ULL")), "{le} missing from iscstat.c");
         }
     }
 
@@ -304,18 +289,25 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = t.path();
         let p = d.join("iscsi.prom");
-        check_writable(&p).unwrap();
+        crate::cli::textfile::check_writable(&p).unwrap();
         Exposition::new(true, true).write(&p).unwrap();
         assert!(std::fs::read_to_string(&p).unwrap().contains("# TYPE iscsi_commands_total counter"));
         assert_eq!(std::fs::read_dir(d).unwrap().count(), 1, "no temporary file left");
-        let e = check_writable(Path::new("/nonexistent-dir/x.prom")).unwrap_err();
+        let e = crate::cli::textfile::check_writable(Path::new("/nonexistent-dir/x.prom")).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().starts_with("--prom-file /nonexistent-dir/x.prom: cannot write in /nonexistent-dir"));
     }
 
     fn odd_labels() -> Exposition {
         let mut e = Exposition::new(false, false);
-        let l = Labels { sid: 1, cid: 0, lun: 0, direction: "read", target: "iqn.x:a\\b\"c\nd\te\u{e9}\u{1f4be}".into(), device: "sda".into() };
+        let l = Labels {
+            sid: 1,
+            cid: 0,
+            lun: 0,
+            direction: "read",
+            target: "iqn.x:a\\b\"c\nd\te\u{e9}\u{1f4be}".into(),
+            device: "sda".into(),
+        };
         e.series.insert(l, Row { count: 1, ..Default::default() });
         e
     }
@@ -331,7 +323,10 @@ mod tests {
     #[test]
     fn unknown_send_has_no_series() {
         let t = odd_labels().render();
-        assert!(!t.contains("stage=\"send\"") && !t.contains("stage=\"net\"") && !t.contains("stage=\"target\""), "{t}");
+        assert!(
+            !t.contains("stage=\"send\"") && !t.contains("stage=\"net\"") && !t.contains("stage=\"target\""),
+            "{t}"
+        );
         assert!(t.contains("stage=\"resp\"") && t.contains("stage=\"wait\""));
     }
 
@@ -356,7 +351,7 @@ mod tests {
             .stderr(Stdio::piped())
             .spawn()
             .expect("promtool (Debian package prometheus) must be installed: run tests/lab/setup");
-        child.stdin.take().unwrap().write_all(e.render().as_bytes()).unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), e.render().as_bytes()).unwrap();
         let out = child.wait_with_output().unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success(), "promtool check metrics: {text}");
@@ -368,7 +363,8 @@ mod tests {
 
     #[test]
     fn tally_keeps_the_interval_and_the_cumulative_series() {
-        let topo = Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
+        let topo =
+            Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
         let key = RowKey { sid: 2, cid: 0, host: topo.session(2).unwrap().host, lun: 1, dir: 2 };
         let rows = || BTreeMap::from([(key, Row { count: 3, bytes: 12288, ..Default::default() })]);
         let mut t = Tally::new(Some(Exposition::new(true, true)));
@@ -378,7 +374,11 @@ mod tests {
         std::mem::take(&mut t.interval);
         t.add(rows(), &topo, Health::default);
         assert_eq!(t.interval[&key].count, 3);
-        assert!(t.render().contains(",direction=\"write\",") && t.render().contains("} 9\n"), "cumulative: {}", t.render());
+        assert!(
+            t.render().contains(",direction=\"write\",") && t.render().contains("} 9\n"),
+            "cumulative: {}",
+            t.render()
+        );
         let mut none = Tally::new(None);
         none.add(rows(), &topo, || unreachable!("no exposition: health is not read"));
         assert_eq!(none.render(), "");
@@ -386,18 +386,28 @@ mod tests {
 
     #[test]
     fn gone_sessions_lose_their_series() {
-        let topo = Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
+        let topo =
+            Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
         let mut e = Exposition::new(true, true);
         let s1 = topo.session(1).unwrap();
         let key = RowKey { sid: 1, cid: 0, host: s1.host, lun: 0, dir: 1 };
         e.add_rows(&BTreeMap::from([(key, Row { count: 4, ..Default::default() })]), &topo);
-        e.add_rows(&BTreeMap::from([(key, Row { count: 1, ..Default::default() }), (RowKey { sid: 9, ..key }, Row { count: 1, ..Default::default() })]), &topo);
+        e.add_rows(
+            &BTreeMap::from([
+                (key, Row { count: 1, ..Default::default() }),
+                (RowKey { sid: 9, ..key }, Row { count: 1, ..Default::default() }),
+            ]),
+            &topo,
+        );
         assert_eq!(e.series.len(), 2);
         e.keep_sessions(&topo);
         assert_eq!(e.series.len(), 1, "session 9 does not exist");
         let (l, r) = e.series.iter().next().unwrap();
         assert_eq!((l.sid, l.direction, l.target.as_str(), r.count), (1, "read", s1.target.as_str(), 5));
-        assert!(e.render().contains(&format!("iscsi_commands_total{{sid=\"1\",cid=\"0\",lun=\"0\",direction=\"read\",target=\"{}\"", s1.target)));
+        assert!(e.render().contains(&format!(
+            "iscsi_commands_total{{sid=\"1\",cid=\"0\",lun=\"0\",direction=\"read\",target=\"{}\"",
+            s1.target
+        )));
         e.keep_sessions(&Topology::default());
         assert!(e.series.is_empty());
     }

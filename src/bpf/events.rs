@@ -7,7 +7,7 @@
 //! | bpf_templates/iscfreeze.c | `struct event` | [`FreezeEvent`] |
 //! | bpf_templates/submitslower.c | `struct event` | [`Submission`] |
 //!
-//! The tests below read each C struct from its template (src/layout.rs) and
+//! The tests below read each C struct from its template (src/bpf/layout.rs) and
 //! check that the decoder finds every field where the compiler puts it.
 
 /// Reads native-endian fields in order from a record.
@@ -100,7 +100,6 @@ pub struct Command {
 /// RETX_UNKNOWN of iscsi_stages.c.
 pub const RETX_UNKNOWN: u32 = u32::MAX;
 
-
 impl Command {
     /// sizeof(struct event) of isclatency.c (a test checks it).
     pub const SIZE: usize = 128;
@@ -109,7 +108,8 @@ impl Command {
         let mut r = Reader::new(data);
         let (ts_queue, wait, send, resp, total) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
         let (net, target) = (r.u64()?, r.u64()?);
-        let (lun, host, channel, id, sid, cid, pid, bytes, r2t) = (r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+        let (lun, host, channel, id, sid, cid, pid, bytes, r2t) =
+            (r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
         let retrans = r.u32()?;
         let result = r.i32()?;
         let (dir, opcode, split) = (Direction::from_code(r.u8()?), r.u8()?, r.u8()?);
@@ -224,15 +224,23 @@ impl Submission {
 
     pub fn parse(rec: &[u8]) -> Option<Submission> {
         let mut r = Reader::new(rec);
-        Some(Submission { ts: r.u64()?, lat: r.u64()?, pid: r.u32()?, tid: r.u32()?, dev: r.u32()?, disk: r.u32()?, comm: r.cstr(16)? })
+        Some(Submission {
+            ts: r.u64()?,
+            lat: r.u64()?,
+            pid: r.u32()?,
+            tid: r.u32()?,
+            dev: r.u32()?,
+            disk: r.u32()?,
+            comm: r.cstr(16)?,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{self, Sample};
-    use crate::templates;
+    use crate::bpf::layout::{self, Sample};
+    use crate::bpf::templates;
 
     fn sample(template: &str) -> Sample {
         Sample::new(layout::parse(template, "event").unwrap())
@@ -245,8 +253,31 @@ mod tests {
         let c = Command::parse(&s.bytes).unwrap();
         assert!(s.int("split", 0) != 0 && s.int("retrans", 0) != RETX_UNKNOWN as u64);
         let (net, target) = c.split.unwrap();
-        let got = [c.ts_queue, c.wait, c.send, c.resp, c.total, net, target, c.lun, c.host as u64, c.channel as u64, c.id as u64, c.sid as u64, c.cid as u64, c.pid as u64, c.bytes as u64, c.r2t as u64, c.retrans.unwrap() as u64, c.result as u64, c.opcode as u64];
-        let names = ["ts_queue", "wait", "send", "resp", "total", "net", "target", "lun", "host", "channel", "id", "sid", "cid", "pid", "bytes", "r2t", "retrans", "result", "opcode"];
+        let got = [
+            c.ts_queue,
+            c.wait,
+            c.send,
+            c.resp,
+            c.total,
+            net,
+            target,
+            c.lun,
+            c.host as u64,
+            c.channel as u64,
+            c.id as u64,
+            c.sid as u64,
+            c.cid as u64,
+            c.pid as u64,
+            c.bytes as u64,
+            c.r2t as u64,
+            c.retrans.unwrap() as u64,
+            c.result as u64,
+            c.opcode as u64,
+        ];
+        let names = [
+            "ts_queue", "wait", "send", "resp", "total", "net", "target", "lun", "host", "channel", "id", "sid", "cid",
+            "pid", "bytes", "r2t", "retrans", "result", "opcode",
+        ];
         for (g, n) in got.iter().zip(names) {
             assert_eq!(*g, s.int(n, 0), "field {n}");
         }
@@ -263,14 +294,30 @@ mod tests {
         let s = sample(templates::ISCFREEZE);
         assert_eq!(s.layout.size, FreezeEvent::SIZE);
         let e = FreezeEvent::parse(&s.bytes).unwrap();
-        let got = [e.ty, e.q, e.start, e.end, e.value, e.kind as u64, e.pid as u64, e.tid as u64, e.dev as u64, e.stack as u64];
+        let got = [
+            e.ty,
+            e.q,
+            e.start,
+            e.end,
+            e.value,
+            e.kind as u64,
+            e.pid as u64,
+            e.tid as u64,
+            e.dev as u64,
+            e.stack as u64,
+        ];
         let names = ["type", "q", "start", "end", "value", "kind", "pid", "tid", "dev", "stack"];
         for (g, n) in got.iter().zip(names) {
             assert_eq!(*g, s.int(n, 0), "field {n}");
         }
         assert_eq!((e.comm, e.disk), (s.string("comm"), s.string("disk")));
         assert_eq!(s.layout.fields.len(), names.len() + 3, "every C field but pad is decoded");
-        for (name, v) in [("TYPE_END", FreezeEvent::TYPE_END), ("TYPE_WAIT", FreezeEvent::TYPE_WAIT), ("KIND_FREEZE", FreezeEvent::KIND_FREEZE as u64), ("KIND_QUIESCE", FreezeEvent::KIND_QUIESCE as u64)] {
+        for (name, v) in [
+            ("TYPE_END", FreezeEvent::TYPE_END),
+            ("TYPE_WAIT", FreezeEvent::TYPE_WAIT),
+            ("KIND_FREEZE", FreezeEvent::KIND_FREEZE as u64),
+            ("KIND_QUIESCE", FreezeEvent::KIND_QUIESCE as u64),
+        ] {
             assert!(templates::ISCFREEZE.contains(&format!("#define {name} {v}\n")), "{name}");
         }
     }

@@ -2,9 +2,9 @@
 //! and process filters every stage tool takes, validated, resolved against
 //! the sessions that exist, and turned into numbers for the kernel.
 
+use crate::bpf::templates::Value;
 use crate::error::{Error, Result};
-use crate::templates::Value;
-use crate::topology::Topology;
+use crate::iscsi::topology::Topology;
 use clap::Args;
 use regex::Regex;
 
@@ -43,7 +43,7 @@ pub struct Filters {
 fn regex(flag: &str, s: &str) -> Result<Regex> {
     Regex::new(s).map_err(|e| {
         let msg = e.to_string();
-        let last = msg.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or("invalid").trim().to_string();
+        let last = msg.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("invalid").trim().to_string();
         Error::usage(format!("{flag} '{s}': bad regular expression: {}", last.trim_start_matches("error: ")))
     })
 }
@@ -64,7 +64,7 @@ impl Filters {
             regex("--initiator", i)?;
         }
         if let Some(d) = &self.disk {
-            crate::blockdev::validate_disk_name("--disk", d)?;
+            crate::iscsi::blockdev::validate_disk_name("--disk", d)?;
         }
         Ok(())
     }
@@ -78,20 +78,32 @@ impl Filters {
             lun: self.lun,
             cid: self.cid,
             pid: self.pid,
-            dir: if self.reads { 1 } else if self.writes { 2 } else { 0 },
+            dir: if self.reads {
+                1
+            } else if self.writes {
+                2
+            } else {
+                0
+            },
         }
     }
 
     pub fn any_session_filter(&self) -> bool {
-        self.sid.is_some() || self.target.is_some() || self.initiator.is_some() || self.disk.is_some() || self.cid.is_some() || self.lun.is_some()
+        self.sid.is_some()
+            || self.target.is_some()
+            || self.initiator.is_some()
+            || self.disk.is_some()
+            || self.cid.is_some()
+            || self.lun.is_some()
     }
 
     /// Turn the filters into numbers for the kernel, against the sessions
     /// that exist now. A filter that matches nothing is an error listing them.
     pub fn resolve(&self, topo: &Topology) -> Result<KernelFilter> {
         self.validate()?;
-        let none = |what: String| Error::usage(format!("{what} matches no iSCSI session (sessions: {})", topo.describe()));
-        let mut sessions: Vec<&crate::topology::Session> = topo.sessions.iter().collect();
+        let none =
+            |what: String| Error::usage(format!("{what} matches no iSCSI session (sessions: {})", topo.describe()));
+        let mut sessions: Vec<&crate::iscsi::topology::Session> = topo.sessions.iter().collect();
         let narrowed = self.sid.is_some() || self.target.is_some() || self.initiator.is_some();
         if let Some(sid) = self.sid {
             sessions.retain(|s| s.sid == sid);
@@ -128,13 +140,22 @@ impl Filters {
             lun: self.lun,
             cid: self.cid,
             pid: self.pid,
-            dir: if self.reads { 1 } else if self.writes { 2 } else { 0 },
+            dir: if self.reads {
+                1
+            } else if self.writes {
+                2
+            } else {
+                0
+            },
             devices: None,
         };
         if let Some(d) = &self.disk {
             let (s, l) = topo.disk(d).ok_or_else(|| none(format!("--disk {d}")))?;
             if narrowed && !sessions.iter().any(|x| x.sid == s.sid) {
-                return Err(Error::usage(format!("--disk {d} belongs to session {}, which the other filters exclude", s.sid)));
+                return Err(Error::usage(format!(
+                    "--disk {d} belongs to session {}, which the other filters exclude",
+                    s.sid
+                )));
             }
             f.devices = Some(vec![device_key(s.host, l.lun)]);
         }
@@ -175,11 +196,11 @@ impl KernelFilter {
     pub fn load_sets(&self, bpf: &bcc::BPF) -> Result<()> {
         if let Some(hosts) = &self.hosts {
             let mut t = bpf.table("host_filter")?;
-            crate::maps::fill_set(&mut t, hosts, |h: u32| h.to_ne_bytes().to_vec())?;
+            crate::bpf::maps::fill_set(&mut t, hosts, |h: u32| h.to_ne_bytes().to_vec())?;
         }
         if let Some(devs) = &self.devices {
             let mut t = bpf.table("dev_filter")?;
-            crate::maps::fill_set(&mut t, devs, |d: u64| d.to_ne_bytes().to_vec())?;
+            crate::bpf::maps::fill_set(&mut t, devs, |d: u64| d.to_ne_bytes().to_vec())?;
         }
         Ok(())
     }

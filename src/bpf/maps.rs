@@ -32,7 +32,16 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 8] = [Counter::Lost, Counter::EndedNoResponse, Counter::DispatchBusy, Counter::InflightFull, Counter::EndNotSeen, Counter::FreezeUnfiltered, Counter::SubmitTimed, Counter::NotSplit];
+    pub const ALL: [Counter; 8] = [
+        Counter::Lost,
+        Counter::EndedNoResponse,
+        Counter::DispatchBusy,
+        Counter::InflightFull,
+        Counter::EndNotSeen,
+        Counter::FreezeUnfiltered,
+        Counter::SubmitTimed,
+        Counter::NotSplit,
+    ];
     /// The commands a stage tool did not count, each by its reason (the
     /// exporter's lost commands, iscstat's per-interval lost).
     pub const UNCOUNTED: [Counter; 3] = [Counter::Lost, Counter::InflightFull, Counter::EndNotSeen];
@@ -128,7 +137,8 @@ fn percpu_value_size(table: &mut Table, ncpus: usize) -> usize {
 pub fn percpu_get(table: &mut Table, key: &[u8], ncpus: usize) -> Option<Vec<u8>> {
     let mut k = key.to_vec();
     let mut val = vec![0u8; percpu_value_size(table, ncpus)];
-    let found = unsafe { bpf_lookup_elem(table.fd(), k.as_mut_ptr() as *mut c_void, val.as_mut_ptr() as *mut c_void) } >= 0;
+    let found =
+        unsafe { bpf_lookup_elem(table.fd(), k.as_mut_ptr() as *mut c_void, val.as_mut_ptr() as *mut c_void) } >= 0;
     found.then_some(val)
 }
 
@@ -140,7 +150,8 @@ fn walk(table: &mut Table, vsz: usize, limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> 
     let mut rc = unsafe { bpf_get_first_key(fd, key.as_mut_ptr() as *mut c_void, ksz) };
     while rc >= 0 && out.len() < limit {
         let mut val = vec![0u8; vsz];
-        let found = unsafe { bpf_lookup_elem(fd, key.as_mut_ptr() as *mut c_void, val.as_mut_ptr() as *mut c_void) } >= 0;
+        let found =
+            unsafe { bpf_lookup_elem(fd, key.as_mut_ptr() as *mut c_void, val.as_mut_ptr() as *mut c_void) } >= 0;
         if found && !out.iter().any(|(k, _)| *k == key) {
             out.push((key.clone(), val));
         }
@@ -162,7 +173,7 @@ pub fn count_entries(table: &mut Table, limit: usize) -> usize {
 
 /// The first u64 of a map value; 0 if the value is shorter (never a panic).
 pub fn first_u64(value: &[u8]) -> u64 {
-    crate::events::Reader::new(value).u64().unwrap_or(0)
+    crate::bpf::events::Reader::new(value).u64().unwrap_or(0)
 }
 
 /// A u64 value by u32 key (array slots, per-id counters); 0 when absent.
@@ -194,7 +205,7 @@ mod tests {
 
     #[test]
     fn counters_agree_with_common_h() {
-        let defines: Vec<(String, u32)> = crate::templates::COMMON
+        let defines: Vec<(String, u32)> = crate::bpf::templates::COMMON
             .lines()
             .filter_map(|l| {
                 let mut it = l.split_whitespace();
@@ -206,9 +217,20 @@ mod tests {
             .collect();
         let ours: Vec<(String, u32)> = Counter::ALL.iter().map(|c| (c.c_name().to_string(), *c as u32)).collect();
         assert_eq!(defines, ours);
-        let slots: u32 = crate::templates::COMMON.lines().find_map(|l| l.strip_prefix("#define CTR_SLOTS ")).unwrap().trim().parse().unwrap();
+        let slots: u32 = crate::bpf::templates::COMMON
+            .lines()
+            .find_map(|l| l.strip_prefix("#define CTR_SLOTS "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         assert!(ours.iter().all(|(_, v)| *v < slots));
-        for t in [crate::templates::ISCSI_STAGES, crate::templates::ISCFREEZE, crate::templates::SUBMITSLOWER, crate::templates::ISCSTAT] {
+        for t in [
+            crate::bpf::templates::ISCSI_STAGES,
+            crate::bpf::templates::ISCFREEZE,
+            crate::bpf::templates::SUBMITSLOWER,
+            crate::bpf::templates::ISCSTAT,
+        ] {
             assert!(!t.contains("#define CTR_"), "counter slots are defined in common.h only");
         }
     }

@@ -58,7 +58,8 @@ impl Clock {
     /// Local wall-clock `HH:MM:SS.mmm`.
     pub fn wall(&self, mono_ns: u64) -> String {
         let ns = mono_ns as i128 + self.wall_minus_mono_ns;
-        let t = chrono::DateTime::from_timestamp((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as u32).unwrap_or_default();
+        let t = chrono::DateTime::from_timestamp((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as u32)
+            .unwrap_or_default();
         t.with_timezone(&chrono::Local).format("%H:%M:%S%.3f").to_string()
     }
 

@@ -4,16 +4,23 @@
 //! choice, compile, attach, or --ebpf). The C side is
 //! bpf_templates/iscsi_stages.c.
 
+pub mod exporter;
+pub mod filters;
+pub mod latency_view;
+pub mod prom;
+pub mod stat_view;
+pub mod stats;
+
+use crate::bpf::fentry::{Resolver, Targets};
+use crate::bpf::runner::{Links, Probe, ProbeKind};
+use crate::bpf::templates::{self, Template, Value};
 use crate::cli::Common;
 use crate::error::{Error, Result};
-use crate::filters::{Filters, KernelFilter};
-use crate::fentry::{Resolver, Targets};
-use crate::headers::{self, ScsiLayout};
-use crate::kernel_types::{self, KernelTypes};
+use crate::iscsi::topology::Topology;
+use crate::kernel::headers::{self, ScsiLayout};
+use crate::kernel::types::{self as kernel_types, KernelTypes};
 use crate::kernel::Kernel;
-use crate::runner::{Links, Probe, ProbeKind};
-use crate::templates::{self, Template, Value};
-use crate::topology::Topology;
+use crate::stages::filters::{Filters, KernelFilter};
 
 pub const QUEUECOMMAND: &str = "iscsi_queuecommand";
 pub const PREP: &str = "iscsi_prep_scsi_cmd_pdu";
@@ -75,7 +82,8 @@ fn kprobes(have_sent: bool, have_r2t: bool, have_rx: bool) -> Vec<Probe> {
 
 impl StagePlan {
     pub fn choose(kernel: &Kernel, scsi: ScsiLayout) -> Result<StagePlan> {
-        for (f, what) in [(QUEUECOMMAND, "command dispatch"), (PREP, "PDU preparation"), (COMPLETE, "task completion")] {
+        for (f, what) in [(QUEUECOMMAND, "command dispatch"), (PREP, "PDU preparation"), (COMPLETE, "task completion")]
+        {
             if !kernel.can_probe(f) {
                 return Err(Error::missing_probe(what, &[f]));
             }
@@ -83,7 +91,9 @@ impl StagePlan {
         let mut notes = Vec::new();
         let have_sent = kernel.can_probe(TCP_XMIT);
         if !have_sent {
-            notes.push(format!("{TCP_XMIT} is not traceable (not iscsi_tcp?): SEND shows '-' and RESP counts from PDU preparation"));
+            notes.push(format!(
+                "{TCP_XMIT} is not traceable (not iscsi_tcp?): SEND shows '-' and RESP counts from PDU preparation"
+            ));
         }
         let have_r2t = kernel.can_probe(R2T);
         if !have_r2t {
@@ -93,13 +103,37 @@ impl StagePlan {
         if !have_rx {
             notes.push(format!("{RX} is not traceable: NET and TARGET show '-'"));
         }
-        Ok(StagePlan { probes: kprobes(have_sent, have_r2t, have_rx), have_sent, have_r2t, have_rx, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, net_offsets: None, notes })
+        Ok(StagePlan {
+            probes: kprobes(have_sent, have_r2t, have_rx),
+            have_sent,
+            have_r2t,
+            have_rx,
+            scsi,
+            types: None,
+            fentry: false,
+            why_kprobes: None,
+            why_headers: None,
+            net_offsets: None,
+            notes,
+        })
     }
 
     /// The plan for a kernel that has every probe point (for --ebpf where
     /// the running kernel cannot be read).
     pub fn assume_all(scsi: ScsiLayout) -> StagePlan {
-        StagePlan { probes: kprobes(true, true, true), have_sent: true, have_r2t: true, have_rx: true, scsi, types: None, fentry: false, why_kprobes: None, why_headers: None, net_offsets: None, notes: Vec::new() }
+        StagePlan {
+            probes: kprobes(true, true, true),
+            have_sent: true,
+            have_r2t: true,
+            have_rx: true,
+            scsi,
+            types: None,
+            fentry: false,
+            why_kprobes: None,
+            why_headers: None,
+            net_offsets: None,
+            notes: Vec::new(),
+        }
     }
 
     pub fn values(&self) -> Vec<(&'static str, Value)> {
@@ -135,7 +169,12 @@ impl StagePlan {
                     "stages_complete" => (ProbeKind::Fentry, "fentry_complete"),
                     _ => return None,
                 };
-                Some(Probe { kind, function: p.function.clone(), handler, module: kernel.module_of(&p.function).map(str::to_string) })
+                Some(Probe {
+                    kind,
+                    function: p.function.clone(),
+                    handler,
+                    module: kernel.module_of(&p.function).map(str::to_string),
+                })
             })
             .collect();
         StagePlan { probes, fentry: true, ..self.clone() }
@@ -179,7 +218,7 @@ impl StagePlan {
         let mut targets = Targets::default();
         for p in &plan.probes {
             match resolver.target(&p.function, p.module.as_deref()) {
-                Ok(t) if crate::fentry::can_attach(&t) => targets.insert(t),
+                Ok(t) if crate::bpf::fentry::can_attach(&t) => targets.insert(t),
                 Ok(_) => return (self, Some(format!("the kernel refuses fentry on {}", p.function)), none),
                 Err(e) => return (self, Some(e.to_string()), none),
             }
@@ -195,10 +234,22 @@ impl StagePlan {
                 kernel.release,
                 kernel.source,
                 kernel.ringbuf,
-                if self.types.is_some() { "kernel types from BTF".to_string() } else { format!("kernel types from the headers ({}){}", self.why_headers.as_deref().unwrap_or("no BTF"), if self.net_offsets.is_some() { ", the socket's offsets from vmlinux BTF" } else { "" }) },
+                if self.types.is_some() {
+                    "kernel types from BTF".to_string()
+                } else {
+                    format!(
+                        "kernel types from the headers ({}){}",
+                        self.why_headers.as_deref().unwrap_or("no BTF"),
+                        if self.net_offsets.is_some() { ", the socket's offsets from vmlinux BTF" } else { "" }
+                    )
+                },
                 self.scsi.task_lookup,
                 if self.scsi.cdb_pointer { "via sc->cmnd pointer" } else { "in sc->cmnd[]" },
-                if self.fentry { "fentry/fexit".to_string() } else { format!("kprobes ({})", self.why_kprobes.as_deref().unwrap_or("fentry not tried")) }
+                if self.fentry {
+                    "fentry/fexit".to_string()
+                } else {
+                    format!("kprobes ({})", self.why_kprobes.as_deref().unwrap_or("fentry not tried"))
+                }
             );
             for p in &self.probes {
                 eprintln!("probe {}", p.describe());
@@ -212,7 +263,13 @@ impl StagePlan {
 
 /// The program of a stage tool: common.h, iscsi_stages.c and the tool's
 /// own part, with the plan's, the filter's and the tool's values.
-pub fn render(tool_part: &str, plan: &StagePlan, filter: &KernelFilter, ringbuf: bool, tool_values: &[(&'static str, Value)]) -> Result<String> {
+pub fn render(
+    tool_part: &str,
+    plan: &StagePlan,
+    filter: &KernelFilter,
+    ringbuf: bool,
+    tool_values: &[(&'static str, Value)],
+) -> Result<String> {
     let mut values = vec![("USE_RINGBUF", ringbuf.into())];
     values.extend(plan.values());
     values.extend(filter.values());
@@ -238,7 +295,7 @@ struct Layout {
 /// layout from the headers (and why, in `why_headers`) with the socket's
 /// offsets from vmlinux's BTF where it has them (the BTF-written types
 /// hold the socket's members themselves).
-fn layout(kernel: &Kernel, mut btf: Option<&mut crate::btf::Loaded>, tool_part: &str) -> Result<Layout> {
+fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, tool_part: &str) -> Result<Layout> {
     let types = match btf.as_deref_mut() {
         Some(b) => kernel_types::from_btf(b, &parts(tool_part), kernel_types::ISCSI_MODULES),
         None => Err("no kernel BTF".to_string()),
@@ -247,7 +304,12 @@ fn layout(kernel: &Kernel, mut btf: Option<&mut crate::btf::Loaded>, tool_part: 
         Ok(t) => Ok(Layout { scsi: ScsiLayout::from_types(&t)?, types: Some(t), why_headers: None, net_offsets: None }),
         Err(why) => {
             let net_offsets = btf.and_then(|b| kernel_types::net_offsets(b).ok());
-            Ok(Layout { scsi: ScsiLayout::from_headers(&headers::header_dirs(kernel))?, types: None, why_headers: Some(why), net_offsets })
+            Ok(Layout {
+                scsi: ScsiLayout::from_headers(&headers::header_dirs(kernel))?,
+                types: None,
+                why_headers: Some(why),
+                net_offsets,
+            })
         }
     }
 }
@@ -267,10 +329,15 @@ impl Tracing {
     /// counted): the commands it did not time and why. `extra_lost`: events
     /// user space could not read (isclatency's malformed records).
     pub fn untimed_summary(&self, extra_lost: u64) -> Result<String> {
-        use crate::maps::{self, Counter};
+        use crate::bpf::maps::{self, Counter};
         let mut counters = self.bpf.table("counters")?;
         let mut c = |k| maps::counter(&mut counters, k);
-        let (lost, ended, unseen, not_split) = (c(Counter::Lost) + c(Counter::InflightFull) + extra_lost, c(Counter::EndedNoResponse), c(Counter::EndNotSeen), c(Counter::NotSplit));
+        let (lost, ended, unseen, not_split) = (
+            c(Counter::Lost) + c(Counter::InflightFull) + extra_lost,
+            c(Counter::EndedNoResponse),
+            c(Counter::EndNotSeen),
+            c(Counter::NotSplit),
+        );
         let in_flight = maps::count_entries(&mut self.bpf.table("inflight")?, 1 << 16);
         let skipped = self.links.missed();
         let mut line = format!("{lost} events lost, {ended} ended without a response, {in_flight} still in flight");
@@ -284,21 +351,27 @@ impl Tracing {
     }
 
     /// The tracer's own health and cost, for the exporter.
-    pub fn health(&self) -> crate::prom::Health {
-        use crate::maps::{self, Counter};
+    pub fn health(&self) -> crate::stages::prom::Health {
+        use crate::bpf::maps::{self, Counter};
         let lost = match self.bpf.table("counters") {
             Ok(mut c) => Counter::UNCOUNTED.iter().map(|k| (k.reason(), maps::counter(&mut c, *k))).collect(),
             Err(_) => Vec::new(),
         };
-        let programs = crate::progs::stats_enabled().then(|| {
+        let programs = crate::bpf::progs::stats_enabled().then(|| {
             let mut by_name: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
-            for p in crate::progs::own_programs() {
+            for p in crate::bpf::progs::own_programs() {
                 let e = by_name.entry(p.name).or_default();
                 *e = (e.0 + p.run_time_ns, e.1 + p.run_cnt);
             }
             by_name.into_iter().map(|(n, (ns, cnt))| (n, ns, cnt)).collect()
         });
-        crate::prom::Health { probe_set: "stages", mechanism: if self.plan.fentry { "fentry" } else { "kprobes" }, lost, skipped_hits: self.links.missed(), programs }
+        crate::stages::prom::Health {
+            probe_set: "stages",
+            mechanism: if self.plan.fentry { "fentry" } else { "kprobes" },
+            lost,
+            skipped_hits: self.links.missed(),
+            programs,
+        }
     }
 }
 
@@ -308,7 +381,13 @@ impl Tracing {
 /// headers, modules, sessions), the probe plan, compile and attach: fentry
 /// as planned, and if the kernel refuses the real programs, kprobes after
 /// all (said once).
-pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, tool_values: &[(&'static str, Value)]) -> Result<Option<Tracing>> {
+pub fn start(
+    tool: &str,
+    common: &Common,
+    filters: &Filters,
+    tool_part: &str,
+    tool_values: &[(&'static str, Value)],
+) -> Result<Option<Tracing>> {
     let kernel = Kernel::detect();
     let topo = Topology::read(std::path::Path::new("/sys"))?;
     if common.ebpf {
@@ -320,30 +399,38 @@ pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, to
     if filters.any_session_filter() {
         filters.resolve(&topo)?;
     }
-    crate::runner::preflight(&kernel, true)?;
+    crate::bpf::runner::preflight(&kernel, true)?;
     if topo.sessions.is_empty() {
         return Err(Error::no_sessions());
     }
     let filter = filters.resolve(&topo)?;
     // vmlinux's and the modules' BTF, read once for the types and fentry.
     let mut resolver = if kernel.btf { Resolver::new(&kernel.btf_dir).ok() } else { None };
-    let Layout { scsi, types, why_headers, net_offsets } = layout(&kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
+    let Layout { scsi, types, why_headers, net_offsets } =
+        layout(&kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
     let plan = StagePlan { types, why_headers, net_offsets, ..StagePlan::choose(&kernel, scsi)? };
     let (mut plan, why_kprobes, targets) = plan.prefer_fentry(&kernel, resolver);
     plan.why_kprobes = why_kprobes;
     plan.announce(tool, &kernel, common.verbose);
 
     let load = |plan: &StagePlan| -> Result<(bcc::BPF, Result<Links>)> {
-        let mut bpf = crate::runner::compile(&kernel, &render(tool_part, plan, &filter, kernel.ringbuf, tool_values)?)?;
+        let mut bpf =
+            crate::bpf::runner::compile(&kernel, &render(tool_part, plan, &filter, kernel.ringbuf, tool_values)?)?;
         filter.load_sets(&bpf)?;
-        let links = crate::runner::attach(&mut bpf, &plan.probes, &targets);
+        let links = crate::bpf::runner::attach(&mut bpf, &plan.probes, &targets);
         Ok((bpf, links))
     };
     let (mut bpf, mut links) = load(&plan)?;
     if let (Err(e), true) = (&links, plan.fentry) {
         eprintln!("{tool}: note: {e}; using kprobes instead");
         drop(bpf);
-        plan = StagePlan { why_kprobes: Some(e.to_string()), types: plan.types.clone(), why_headers: plan.why_headers.clone(), net_offsets: plan.net_offsets, ..StagePlan::choose(&kernel, plan.scsi)? };
+        plan = StagePlan {
+            why_kprobes: Some(e.to_string()),
+            types: plan.types.clone(),
+            why_headers: plan.why_headers.clone(),
+            net_offsets: plan.net_offsets,
+            ..StagePlan::choose(&kernel, plan.scsi)?
+        };
         (bpf, links) = load(&plan)?;
     }
     let links = links?;
@@ -353,20 +440,34 @@ pub fn start(tool: &str, common: &Common, filters: &Filters, tool_part: &str, to
 /// What `--ebpf` renders, with neither root nor iSCSI: the plan for the
 /// running kernel where it can be read, else for a kernel that has every
 /// probe point; filters resolved where sessions exist, else assumed.
-pub fn plan_for_ebpf(kernel: &Kernel, topo: &Topology, filters: &Filters, tool_part: &str) -> Result<(StagePlan, KernelFilter)> {
-    let mut btf = crate::btf::Loaded::open(&kernel.btf_dir).ok();
-    let Layout { scsi, types, why_headers, net_offsets } = layout(kernel, btf.as_mut(), tool_part).unwrap_or(Layout { scsi: ScsiLayout::modern(), types: None, why_headers: None, net_offsets: None });
+pub fn plan_for_ebpf(
+    kernel: &Kernel,
+    topo: &Topology,
+    filters: &Filters,
+    tool_part: &str,
+) -> Result<(StagePlan, KernelFilter)> {
+    let mut btf = crate::kernel::btf::Loaded::open(&kernel.btf_dir).ok();
+    let Layout { scsi, types, why_headers, net_offsets } = layout(kernel, btf.as_mut(), tool_part).unwrap_or(Layout {
+        scsi: ScsiLayout::modern(),
+        types: None,
+        why_headers: None,
+        net_offsets: None,
+    });
     let plan = StagePlan::choose(kernel, scsi).unwrap_or_else(|_| StagePlan::assume_all(scsi));
     let plan = StagePlan { types, why_headers, net_offsets, ..plan };
     let filter = if topo.sessions.is_empty() { filters.assume_sets() } else { filters.resolve(topo)? };
-    let plan = if kernel.function_count() > 0 && plan.fentry_obstacle(kernel).is_none() { plan.with_fentry(kernel) } else { plan };
+    let plan = if kernel.function_count() > 0 && plan.fentry_obstacle(kernel).is_none() {
+        plan.with_fentry(kernel)
+    } else {
+        plan
+    };
     Ok((plan, filter))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::headers::TaskLookup;
+    use crate::kernel::headers::TaskLookup;
     use crate::kernel::Paths;
     use std::fs;
 
@@ -411,15 +512,18 @@ mod tests {
         assert!(f.fentry && f.values().contains(&("FENTRY", Value::Bool(true))));
         // fexit sees arguments and return value: no entry probe for xmit.
         let got: Vec<String> = f.probes.iter().map(|p| p.describe()).collect();
-        assert_eq!(got, [
-            "fentry:libiscsi:iscsi_queuecommand -> fentry_queuecommand",
-            "fexit:libiscsi:iscsi_queuecommand -> fexit_queuecommand",
-            "fentry:libiscsi:iscsi_prep_scsi_cmd_pdu -> fentry_prep",
-            "fentry:libiscsi:iscsi_complete_task -> fentry_complete",
-            "fexit:libiscsi_tcp:iscsi_tcp_task_xmit -> fexit_xmit",
-            "fentry:libiscsi:iscsi_requeue_task -> fentry_r2t",
-            "fexit:libiscsi:iscsi_itt_to_ctask -> fexit_rx",
-        ]);
+        assert_eq!(
+            got,
+            [
+                "fentry:libiscsi:iscsi_queuecommand -> fentry_queuecommand",
+                "fexit:libiscsi:iscsi_queuecommand -> fexit_queuecommand",
+                "fentry:libiscsi:iscsi_prep_scsi_cmd_pdu -> fentry_prep",
+                "fentry:libiscsi:iscsi_complete_task -> fentry_complete",
+                "fexit:libiscsi_tcp:iscsi_tcp_task_xmit -> fexit_xmit",
+                "fentry:libiscsi:iscsi_requeue_task -> fentry_r2t",
+                "fexit:libiscsi:iscsi_itt_to_ctask -> fexit_rx",
+            ]
+        );
         assert!(!p.fentry && p.values().contains(&("FENTRY", Value::Bool(false))));
     }
 
@@ -452,14 +556,43 @@ mod tests {
     fn every_branch_of_both_stage_templates_renders() {
         let t = tempfile::tempdir().unwrap();
         let k = kernel_with(&t, ALL);
-        let filters = [KernelFilter::default(), KernelFilter { hosts: Some(vec![1]), devices: Some(vec![1]), lun: Some(1), cid: Some(0), pid: Some(9), dir: 2 }];
+        let filters = [
+            KernelFilter::default(),
+            KernelFilter {
+                hosts: Some(vec![1]),
+                devices: Some(vec![1]),
+                lun: Some(1),
+                cid: Some(0),
+                pid: Some(9),
+                dir: 2,
+            },
+        ];
         let tools: [(&str, Vec<(&'static str, Value)>); 3] = [
             (templates::ISCLATENCY, vec![("MIN_US", 10_000u64.into()), ("WHO", true.into())]),
-            (templates::ISCSTAT, vec![("PER_LUN", false.into()), ("PER_DIR", true.into()), ("PROM", false.into()), ("FINE_HIST", true.into()), ("WHO", false.into())]),
-            (templates::ISCSTAT, vec![("PER_LUN", true.into()), ("PER_DIR", true.into()), ("PROM", true.into()), ("FINE_HIST", false.into()), ("WHO", false.into())]),
+            (
+                templates::ISCSTAT,
+                vec![
+                    ("PER_LUN", false.into()),
+                    ("PER_DIR", true.into()),
+                    ("PROM", false.into()),
+                    ("FINE_HIST", true.into()),
+                    ("WHO", false.into()),
+                ],
+            ),
+            (
+                templates::ISCSTAT,
+                vec![
+                    ("PER_LUN", true.into()),
+                    ("PER_DIR", true.into()),
+                    ("PROM", true.into()),
+                    ("FINE_HIST", false.into()),
+                    ("WHO", false.into()),
+                ],
+            ),
         ];
         let mut rendered = 0;
-        for scsi in [ScsiLayout::modern(), OLD, ScsiLayout { task_lookup: TaskLookup::PrivateData, cdb_pointer: true }] {
+        for scsi in [ScsiLayout::modern(), OLD, ScsiLayout { task_lookup: TaskLookup::PrivateData, cdb_pointer: true }]
+        {
             for have_sent in [true, false] {
                 let base = StagePlan { have_sent, ..StagePlan::choose(&k, scsi).unwrap() };
                 for plan in [base.clone(), base.with_fentry(&k)] {
@@ -472,7 +605,10 @@ mod tests {
                                 assert!(c.contains("#define HAVE_RX 1\n"));
                                 assert!(c.contains(&format!("#define FENTRY {}\n", plan.fentry as u8)));
                                 assert!(c.contains(&format!("#define CDB_POINTER {}\n", scsi.cdb_pointer as u8)));
-                                assert!(c.contains(&format!("#define SC_TASK_ADDR(sc) {}(sc)", scsi.task_lookup.macro_name())));
+                                assert!(c.contains(&format!(
+                                    "#define SC_TASK_ADDR(sc) {}(sc)",
+                                    scsi.task_lookup.macro_name()
+                                )));
                                 assert!(c.contains(&format!("#define USE_RINGBUF {}\n", ringbuf as u8)));
                                 for p in &plan.probes {
                                     assert!(c.contains(&format!("int {}(", p.handler)), "{} missing", p.handler);

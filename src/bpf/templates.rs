@@ -9,14 +9,14 @@
 use crate::error::{Error, Result};
 
 /// The templates, embedded in the binaries at build time.
-pub const COMMON: &str = include_str!("../bpf_templates/common.h");
-pub const ISCSI_STAGES: &str = include_str!("../bpf_templates/iscsi_stages.c");
-pub const ISCLATENCY: &str = include_str!("../bpf_templates/isclatency.c");
-pub const ISCSTAT: &str = include_str!("../bpf_templates/iscstat.c");
-pub const ISCCOUNT: &str = include_str!("../bpf_templates/isccount.c");
-pub const SUBMITSLOWER: &str = include_str!("../bpf_templates/submitslower.c");
-pub const ISCFREEZE: &str = include_str!("../bpf_templates/iscfreeze.c");
-pub const ISCSTATES: &str = include_str!("../bpf_templates/iscstates.c");
+pub const COMMON: &str = include_str!("../../bpf_templates/common.h");
+pub const ISCSI_STAGES: &str = include_str!("../../bpf_templates/iscsi_stages.c");
+pub const ISCLATENCY: &str = include_str!("../../bpf_templates/isclatency.c");
+pub const ISCSTAT: &str = include_str!("../../bpf_templates/iscstat.c");
+pub const ISCCOUNT: &str = include_str!("../../bpf_templates/isccount.c");
+pub const SUBMITSLOWER: &str = include_str!("../../bpf_templates/submitslower.c");
+pub const ISCFREEZE: &str = include_str!("../../bpf_templates/iscfreeze.c");
+pub const ISCSTATES: &str = include_str!("../../bpf_templates/iscstates.c");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Value {
@@ -106,10 +106,7 @@ impl Template {
         }
         out.push_str(&self.text[last..]);
         if !missing.is_empty() {
-            return Err(Error::env(format!(
-                "template: placeholder(s) left unsubstituted: {}",
-                missing.join(", ")
-            )));
+            return Err(Error::env(format!("template: placeholder(s) left unsubstituted: {}", missing.join(", "))));
         }
         Ok(out)
     }
@@ -189,7 +186,19 @@ mod tests {
         // Every placeholder of the shipped templates is one the tools know.
         let t = Template::new(&[COMMON, ISCSI_STAGES, ISCLATENCY]);
         let names = t.placeholders();
-        for must in ["MIN_US", "FILTER_HOST", "FILTER_LUN", "LUN", "FILTER_DIR", "FILTER_PID", "PID", "FILTER_CID", "CID", "USE_RINGBUF", "TASK_FROM_SC"] {
+        for must in [
+            "MIN_US",
+            "FILTER_HOST",
+            "FILTER_LUN",
+            "LUN",
+            "FILTER_DIR",
+            "FILTER_PID",
+            "PID",
+            "FILTER_CID",
+            "CID",
+            "USE_RINGBUF",
+            "TASK_FROM_SC",
+        ] {
             assert!(names.iter().any(|n| n == must), "{must} missing from isclatency template");
         }
     }

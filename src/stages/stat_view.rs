@@ -2,10 +2,10 @@
 //! session:connection (LUN, direction), with the stages' averages, maxima,
 //! percentiles and histograms.
 
-use crate::json;
-use crate::output::Unit;
-use crate::stats::{self, Conn, Row, RowKey, NET, SEND, STAGES, TARGET};
-use crate::topology::Topology;
+use crate::cli::json;
+use crate::cli::output::Unit;
+use crate::iscsi::topology::Topology;
+use crate::stages::stats::{self, Conn, Row, RowKey, NET, SEND, STAGES, TARGET};
 use std::collections::BTreeMap;
 
 /// What a report shows.
@@ -39,37 +39,65 @@ impl StatView {
 
     /// The lines of one interval's report.
     /// `retrans`: TCP segments retransmitted per connection in the interval.
-    pub fn report(&self, topo: &Topology, rows: &BTreeMap<RowKey, Row>, retrans: &BTreeMap<Conn, u64>, secs: f64, stamp: &str, lost: u64) -> Vec<String> {
+    pub fn report(
+        &self,
+        topo: &Topology,
+        rows: &BTreeMap<RowKey, Row>,
+        retrans: &BTreeMap<Conn, u64>,
+        secs: f64,
+        stamp: &str,
+        lost: u64,
+    ) -> Vec<String> {
         let retx = |k: &RowKey| retrans.get(&(k.sid, k.cid)).copied().unwrap_or(0);
         let unit = self.unit;
         let label = |k: &RowKey| -> (String, String) {
             let s = topo.session(k.sid);
             let disks = match s {
-                Some(s) if self.per_lun => s.luns.iter().filter(|l| l.lun == k.lun).filter_map(|l| l.disk.clone()).collect::<Vec<_>>().join(","),
+                Some(s) if self.per_lun => s
+                    .luns
+                    .iter()
+                    .filter(|l| l.lun == k.lun)
+                    .filter_map(|l| l.disk.clone())
+                    .collect::<Vec<_>>()
+                    .join(","),
                 Some(s) => s.luns.iter().filter_map(|l| l.disk.clone()).collect::<Vec<_>>().join(","),
                 None => "?".into(),
             };
-            (if disks.is_empty() { "-".into() } else { disks }, s.map(|s| s.target.clone()).unwrap_or_else(|| "?".into()))
+            (
+                if disks.is_empty() { "-".into() } else { disks },
+                s.map(|s| s.target.clone()).unwrap_or_else(|| "?".into()),
+            )
         };
         let mut lines = Vec::new();
         if self.json {
             for (k, r) in rows {
                 let (disks, target) = label(k);
-                let mut o = json::Object::new().str("time", stamp).float("interval_s", secs, 3).num("sid", k.sid).num("cid", k.cid);
+                let mut o = json::Object::new()
+                    .str("time", stamp)
+                    .float("interval_s", secs, 3)
+                    .num("sid", k.sid)
+                    .num("cid", k.cid);
                 if self.per_lun {
                     o = o.num("lun", k.lun);
                 }
                 if self.per_dir {
                     o = o.str("dir", stats::dir_name(k.dir, true));
                 }
-                o = o.str("disks", &disks).str("target", &target).num("count", r.count).num("bytes", r.bytes).num("retrans", retx(k));
+                o = o
+                    .str("disks", &disks)
+                    .str("target", &target)
+                    .num("count", r.count)
+                    .num("bytes", r.bytes)
+                    .num("retrans", retx(k));
                 if self.have_rx {
                     o = o.num("split", r.split);
                 }
                 for (i, st) in STAGES.iter().enumerate() {
                     let st = st.to_lowercase();
                     let known = self.row_has(r, i);
-                    o = o.opt_num(&format!("{st}_avg_ns"), known.then(|| r.avg(i))).opt_num(&format!("{st}_max_ns"), known.then_some(r.max[i]));
+                    o = o
+                        .opt_num(&format!("{st}_avg_ns"), known.then(|| r.avg(i)))
+                        .opt_num(&format!("{st}_max_ns"), known.then_some(r.max[i]));
                     if self.percentiles {
                         for p in [50.0, 95.0, 99.0] {
                             o = o.opt_num(&format!("{st}_p{}_ns", p as u32), known.then(|| r.percentile(i, p)));
@@ -81,7 +109,10 @@ impl StatView {
             return lines;
         }
         let u = unit.label();
-        lines.push(format!("{stamp}  interval {secs:.2}s{}", if lost > 0 { format!("  ({lost} events lost)") } else { String::new() }));
+        lines.push(format!(
+            "{stamp}  interval {secs:.2}s{}",
+            if lost > 0 { format!("  ({lost} events lost)") } else { String::new() }
+        ));
         let mut h = format!("{:<7} {:<11}", "SID:CID", "DISKS");
         if self.per_lun {
             h.push_str(&format!(" {:>3}", "LUN"));
@@ -115,13 +146,23 @@ impl StatView {
             l.push_str(&format!(" {:>5} {target}", retx(k)));
             if self.extended {
                 let s = topo.session(k.sid);
-                l.push_str(&format!(" {} {}", s.map(|s| s.initiator.as_str()).unwrap_or("?"), s.map(|s| s.portal()).unwrap_or_default()));
+                l.push_str(&format!(
+                    " {} {}",
+                    s.map(|s| s.initiator.as_str()).unwrap_or("?"),
+                    s.map(|s| s.portal()).unwrap_or_default()
+                ));
             }
             lines.push(l);
             if self.percentiles {
                 let mut p = String::from("        percentiles");
                 for (i, st) in STAGES.iter().enumerate().filter(|(i, _)| self.row_has(r, *i)) {
-                    p.push_str(&format!("  {st} p50/p95/p99/max {}/{}/{}/{}", unit.fmt(r.percentile(i, 50.0)), unit.fmt(r.percentile(i, 95.0)), unit.fmt(r.percentile(i, 99.0)), unit.fmt(r.max[i])));
+                    p.push_str(&format!(
+                        "  {st} p50/p95/p99/max {}/{}/{}/{}",
+                        unit.fmt(r.percentile(i, 50.0)),
+                        unit.fmt(r.percentile(i, 95.0)),
+                        unit.fmt(r.percentile(i, 99.0)),
+                        unit.fmt(r.max[i])
+                    ));
                 }
                 lines.push(p);
             }
@@ -131,7 +172,10 @@ impl StatView {
                     let h = r.log2_us(i);
                     let peak = h.iter().map(|x| x.2).max().unwrap_or(1).max(1);
                     for (lo, hi, n) in h {
-                        lines.push(format!("        {lo:>10} -> {hi:<10} : {n:<8} |{:<40}|", "*".repeat((n * 40 / peak) as usize)));
+                        lines.push(format!(
+                            "        {lo:>10} -> {hi:<10} : {n:<8} |{:<40}|",
+                            "*".repeat((n * 40 / peak) as usize)
+                        ));
                     }
                 }
             }
@@ -160,7 +204,17 @@ mod tests {
     }
 
     fn view(have_sent: bool, json: bool) -> StatView {
-        StatView { unit: Unit::Us, per_lun: false, per_dir: false, percentiles: true, histograms: true, extended: false, json, have_sent, have_rx: true }
+        StatView {
+            unit: Unit::Us,
+            per_lun: false,
+            per_dir: false,
+            percentiles: true,
+            histograms: true,
+            extended: false,
+            json,
+            have_sent,
+            have_rx: true,
+        }
     }
 
     fn retx() -> BTreeMap<Conn, u64> {
@@ -172,12 +226,32 @@ mod tests {
         let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
         let text = view(false, false).report(&topo, &rows(), &retx(), 2.0, "t", 0).join("\n");
         assert!(text.contains("      1.0       1.5         -         -       3.0       4.5       4.0       6.0       5.0       7.5       6.0       9.0     3 iqn."), "{text}");
-        assert!(!text.contains("SEND p50") && !text.contains("SEND (us)") && text.contains("RESP p50") && text.contains("TARGET p50"), "{text}");
+        assert!(
+            !text.contains("SEND p50")
+                && !text.contains("SEND (us)")
+                && text.contains("RESP p50")
+                && text.contains("TARGET p50"),
+            "{text}"
+        );
         let j = view(false, true).report(&topo, &rows(), &retx(), 2.0, "t", 0).join("\n");
-        assert!(j.contains("\"send_avg_ns\":null") && j.contains("\"send_p99_ns\":null") && j.contains("\"resp_avg_ns\":3000"), "{j}");
-        assert!(j.contains("\"interval_s\":2.000") && j.contains("\"retrans\":3") && j.contains("\"net_avg_ns\":4000") && j.contains("\"target_max_ns\":7500"), "{j}");
+        assert!(
+            j.contains("\"send_avg_ns\":null")
+                && j.contains("\"send_p99_ns\":null")
+                && j.contains("\"resp_avg_ns\":3000"),
+            "{j}"
+        );
+        assert!(
+            j.contains("\"interval_s\":2.000")
+                && j.contains("\"retrans\":3")
+                && j.contains("\"net_avg_ns\":4000")
+                && j.contains("\"target_max_ns\":7500"),
+            "{j}"
+        );
         let known = view(true, false).report(&topo, &rows(), &retx(), 2.0, "t", 0).join("\n");
-        assert!(known.contains("      1.0       1.5       2.0       3.0       3.0       4.5") && known.contains("SEND p50"), "{known}");
+        assert!(
+            known.contains("      1.0       1.5       2.0       3.0       3.0       4.5") && known.contains("SEND p50"),
+            "{known}"
+        );
     }
 
     #[test]
@@ -192,9 +266,17 @@ mod tests {
             }
         }
         let text = view(true, false).report(&topo, &rows, &BTreeMap::new(), 2.0, "t", 0).join("\n");
-        assert!(text.contains("       3.0       4.5         -         -         -         -       6.0       9.0     0 iqn."), "{text}");
+        assert!(
+            text.contains(
+                "       3.0       4.5         -         -         -         -       6.0       9.0     0 iqn."
+            ),
+            "{text}"
+        );
         assert!(!text.contains("NET p50") && !text.contains("NET (us)"), "{text}");
         let j = view(true, true).report(&topo, &rows, &BTreeMap::new(), 2.0, "t", 0).join("\n");
-        assert!(j.contains("\"net_avg_ns\":null") && j.contains("\"target_p50_ns\":null") && j.contains("\"split\":0"), "{j}");
+        assert!(
+            j.contains("\"net_avg_ns\":null") && j.contains("\"target_p50_ns\":null") && j.contains("\"split\":0"),
+            "{j}"
+        );
     }
 }

@@ -3,8 +3,8 @@
 //! against), never from a version number.
 
 use crate::error::{Error, Result};
+use crate::kernel::types::KernelTypes;
 use crate::kernel::Kernel;
-use crate::kernel_types::KernelTypes;
 use std::fs;
 use std::path::PathBuf;
 
@@ -78,12 +78,14 @@ impl ScsiLayout {
         let cmnd = read(dirs, "scsi/scsi_cmnd.h")
             .and_then(|t| struct_body(&t, "scsi_cmnd"))
             .ok_or_else(|| lack(dirs, "struct scsi_cmnd in include/scsi/scsi_cmnd.h"))?;
-        let cdb_pointer = cmnd.lines().any(|l| l.split_whitespace().collect::<String>().starts_with("unsignedchar*cmnd;"));
+        let cdb_pointer =
+            cmnd.lines().any(|l| l.split_whitespace().collect::<String>().starts_with("unsignedchar*cmnd;"));
         let cdb_array = cmnd.lines().any(|l| l.split_whitespace().collect::<String>().starts_with("unsignedcharcmnd["));
         if cdb_pointer == cdb_array {
             return Err(lack(dirs, "a recognisable `cmnd` member in struct scsi_cmnd"));
         }
-        let task_lookup = if libiscsi.contains("struct iscsi_cmd {") { TaskLookup::PrivateData } else { TaskLookup::ScsiPointer };
+        let task_lookup =
+            if libiscsi.contains("struct iscsi_cmd {") { TaskLookup::PrivateData } else { TaskLookup::ScsiPointer };
         Ok(ScsiLayout { task_lookup, cdb_pointer })
     }
 }
@@ -123,7 +125,7 @@ impl BlockLayout {
     /// the kernel has it (Err: why not), and the layout they or else the
     /// headers give.
     pub fn choose(kernel: &Kernel, parts: &[&str]) -> (std::result::Result<KernelTypes, String>, Result<BlockLayout>) {
-        let types = crate::kernel_types::from_btf_dir(&kernel.btf_dir, parts, &[]);
+        let types = crate::kernel::types::from_btf_dir(&kernel.btf_dir, parts, &[]);
         let layout = match &types {
             Ok(t) => Ok(BlockLayout::from_types(t)),
             Err(_) => BlockLayout::from_headers(&header_dirs(kernel)),
@@ -133,11 +135,17 @@ impl BlockLayout {
 
     /// The same facts from the kernel types written from BTF.
     pub fn from_types(t: &KernelTypes) -> BlockLayout {
-        BlockLayout { bio_bdev: t.has("bio.bi_bdev"), queue_disk: t.has("request_queue.disk"), quiesce_depth: t.has("request_queue.quiesce_depth") }
+        BlockLayout {
+            bio_bdev: t.has("bio.bi_bdev"),
+            queue_disk: t.has("request_queue.disk"),
+            quiesce_depth: t.has("request_queue.quiesce_depth"),
+        }
     }
 
     pub fn from_headers(dirs: &[PathBuf]) -> Result<BlockLayout> {
-        let bio_bdev = read(dirs, "linux/blk_types.h").map(|t| t.contains("*bi_bdev;")).ok_or_else(|| lack(dirs, "include/linux/blk_types.h"))?;
+        let bio_bdev = read(dirs, "linux/blk_types.h")
+            .map(|t| t.contains("*bi_bdev;"))
+            .ok_or_else(|| lack(dirs, "include/linux/blk_types.h"))?;
         let q = read(dirs, "linux/blkdev.h")
             .and_then(|t| struct_body(&t, "request_queue"))
             .ok_or_else(|| lack(dirs, "struct request_queue in include/linux/blkdev.h"))?;
@@ -164,19 +172,35 @@ pub fn fixture(root: &std::path::Path, files: &[(&str, &str)]) -> PathBuf {
 mod tests {
     use super::*;
 
-    const CMND_ARRAY: &str = "struct scsi_cmnd {\n\tstruct scsi_device *device;\n\tunsigned char cmnd[32]; /* SCSI CDB */\n};\n";
+    const CMND_ARRAY: &str =
+        "struct scsi_cmnd {\n\tstruct scsi_device *device;\n\tunsigned char cmnd[32]; /* SCSI CDB */\n};\n";
     const CMND_POINTER: &str = "struct scsi_cmnd {\n\tunsigned short cmd_len;\n\tunsigned char *cmnd;\n};\n";
 
     #[test]
     fn scsi_layout_from_headers() {
         let d = tempfile::tempdir().unwrap();
-        let new = fixture(&d.path().join("new"), &[("scsi/libiscsi.h", "struct iscsi_cmd {\n\tstruct iscsi_task *task;\n};\n"), ("scsi/scsi_cmnd.h", CMND_ARRAY)]);
-        let old = fixture(&d.path().join("old"), &[("scsi/libiscsi.h", "struct iscsi_task {\n};\n"), ("scsi/scsi_cmnd.h", CMND_POINTER)]);
+        let new = fixture(
+            &d.path().join("new"),
+            &[
+                ("scsi/libiscsi.h", "struct iscsi_cmd {\n\tstruct iscsi_task *task;\n};\n"),
+                ("scsi/scsi_cmnd.h", CMND_ARRAY),
+            ],
+        );
+        let old = fixture(
+            &d.path().join("old"),
+            &[("scsi/libiscsi.h", "struct iscsi_task {\n};\n"), ("scsi/scsi_cmnd.h", CMND_POINTER)],
+        );
         let nothing = d.path().join("nothing");
         assert_eq!(ScsiLayout::from_headers(&[nothing.clone(), new]).unwrap(), ScsiLayout::modern());
-        assert_eq!(ScsiLayout::from_headers(&[old]).unwrap(), ScsiLayout { task_lookup: TaskLookup::ScsiPointer, cdb_pointer: true });
+        assert_eq!(
+            ScsiLayout::from_headers(&[old]).unwrap(),
+            ScsiLayout { task_lookup: TaskLookup::ScsiPointer, cdb_pointer: true }
+        );
         assert!(ScsiLayout::from_headers(&[nothing]).is_err());
-        let odd = fixture(&d.path().join("odd"), &[("scsi/libiscsi.h", ""), ("scsi/scsi_cmnd.h", "struct scsi_cmnd {\n\tint x;\n};\n")]);
+        let odd = fixture(
+            &d.path().join("odd"),
+            &[("scsi/libiscsi.h", ""), ("scsi/scsi_cmnd.h", "struct scsi_cmnd {\n\tint x;\n};\n")],
+        );
         let e = ScsiLayout::from_headers(&[odd]).unwrap_err();
         assert!(e.to_string().contains("`cmnd` member"), "{e}");
     }
@@ -193,7 +217,7 @@ mod tests {
             return;
         }
         for d in dirs {
-            let l = ScsiLayout::from_headers(&[d.clone()]).unwrap();
+            let l = ScsiLayout::from_headers(std::slice::from_ref(&d)).unwrap();
             assert!(!l.cdb_pointer, "{}: 6.1 headers hold the CDB as an array", d.display());
         }
     }
@@ -210,7 +234,10 @@ mod tests {
             ("linux/blkdev.h", "struct request_queue {\n\tstruct backing_dev_info\t*backing_dev_info;\n};\nstruct x {\n\tstruct gendisk *disk;\n};\n"),
         ]);
         assert_eq!(BlockLayout::from_headers(&[d.path().join("nothing"), new]).unwrap(), BlockLayout::modern());
-        assert_eq!(BlockLayout::from_headers(&[old]).unwrap(), BlockLayout { bio_bdev: false, queue_disk: false, quiesce_depth: false });
+        assert_eq!(
+            BlockLayout::from_headers(&[old]).unwrap(),
+            BlockLayout { bio_bdev: false, queue_disk: false, quiesce_depth: false }
+        );
         assert!(BlockLayout::from_headers(&[d.path().join("nothing")]).is_err());
     }
 }

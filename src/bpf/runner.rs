@@ -18,7 +18,7 @@ pub enum ProbeKind {
     Entry,
     /// kretprobe
     Return,
-    /// fentry (BTF trampoline), loaded by src/fentry.rs
+    /// fentry (BTF trampoline), loaded by src/bpf/fentry.rs
     Fentry,
     /// fexit: sees the arguments and the return value
     Fexit,
@@ -71,10 +71,9 @@ pub fn compile(kernel: &Kernel, text: &str) -> Result<BPF> {
     // What start-up read and freed (kallsyms, BTF, sysfs) goes back to the
     // kernel before clang's peak, instead of under it (issue 14: peak RSS).
     unsafe { libc::malloc_trim(0) };
-    bcc::BPFBuilder::new(text)
-        .and_then(|b| b.cflags(&kernel.cflags))
-        .and_then(|b| b.build())
-        .map_err(|e| Error::env(format!("BPF program failed to compile or load ({e}); the compiler's messages are above")))
+    bcc::BPFBuilder::new(text).and_then(|b| b.cflags(&kernel.cflags)).and_then(|b| b.build()).map_err(|e| {
+        Error::env(format!("BPF program failed to compile or load ({e}); the compiler's messages are above"))
+    })
 }
 
 /// fentry/fexit programs this process loaded and attached; detached when
@@ -89,26 +88,36 @@ impl Links {
     /// on that CPU (fentry programs only: kprobes share one flag per CPU and
     /// their skips are not reported here).
     pub fn missed(&self) -> u64 {
-        self.programs.iter().map(|(prog, _)| crate::fentry::misses(prog)).sum()
+        self.programs.iter().map(|(prog, _)| crate::bpf::fentry::misses(prog)).sum()
     }
 }
 
 /// `targets`: the BTF target of every fentry/fexit probe, resolved before
 /// the compile (empty for kprobes only).
-pub fn attach(bpf: &mut BPF, probes: &[Probe], targets: &crate::fentry::Targets) -> Result<Links> {
+pub fn attach(bpf: &mut BPF, probes: &[Probe], targets: &crate::bpf::fentry::Targets) -> Result<Links> {
     let mut links = Links::default();
     for p in probes {
         let fail = |e: String| Error::env(format!("cannot attach {}: {e}", p.describe()));
         match p.kind {
-            ProbeKind::Entry => Kprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
-            ProbeKind::Return => Kretprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?,
+            ProbeKind::Entry => {
+                Kprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?
+            }
+            ProbeKind::Return => Kretprobe::new()
+                .handler(p.handler)
+                .function(&p.function)
+                .attach(bpf)
+                .map_err(|e| fail(e.to_string()))?,
             ProbeKind::Fentry | ProbeKind::Fexit => {
                 let target = targets.get(&p.function).ok_or_else(|| fail("its BTF target was not resolved".into()))?;
                 let name = std::ffi::CString::new(p.handler).map_err(|e| fail(e.to_string()))?;
                 let insns = bpf.dump_func(name).map_err(|e| fail(e.to_string()))?;
-                let side = if p.kind == ProbeKind::Fentry { crate::fentry::Side::Entry } else { crate::fentry::Side::Exit };
-                let prog = crate::fentry::load(&insns, p.handler, side, target).map_err(fail)?;
-                let link = crate::fentry::attach(&prog).map_err(|e| fail(e.to_string()))?;
+                let side = if p.kind == ProbeKind::Fentry {
+                    crate::bpf::fentry::Side::Entry
+                } else {
+                    crate::bpf::fentry::Side::Exit
+                };
+                let prog = crate::bpf::fentry::load(&insns, p.handler, side, target).map_err(fail)?;
+                let link = crate::bpf::fentry::attach(&prog).map_err(|e| fail(e.to_string()))?;
                 links.programs.push((prog, link));
             }
         }
@@ -168,7 +177,12 @@ impl Events {
 
 /// Hand every record to `show` until stopped or stdout is gone, then the
 /// records already buffered. `show` returns false when output must stop.
-pub fn print_events(events: &mut Events, stop: &Stop, out: &mut crate::output::Out, mut show: impl FnMut(&[u8], &mut crate::output::Out) -> bool) {
+pub fn print_events(
+    events: &mut Events,
+    stop: &Stop,
+    out: &mut crate::cli::output::Out,
+    mut show: impl FnMut(&[u8], &mut crate::cli::output::Out) -> bool,
+) {
     'outer: while !stop.stopped() && !out.closed() {
         for rec in events.poll(stop.poll_ms(100)) {
             if !show(&rec, out) {

@@ -2,6 +2,11 @@
 //! the BPF ring buffer, kernel headers, loaded iSCSI modules. Tools choose
 //! their attach points from this, never from a version number.
 
+pub mod btf;
+pub mod headers;
+pub mod ksyms;
+pub mod types;
+
 use crate::error::{Error, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -81,18 +86,21 @@ impl Kernel {
         // kallsyms is read once: for the ring buffer, and for the functions
         // where tracefs cannot say.
         let kallsyms = fs::read_to_string(&p.kallsyms).ok();
-        let ringbuf = kallsyms.as_deref().unwrap_or("").lines().any(|l| l.split_whitespace().nth(2) == Some("bpf_ringbuf_output"));
-        let (source, functions) = match tracefs.as_ref().and_then(|d| fs::read_to_string(d.join("available_filter_functions")).ok()) {
-            Some(text) if !text.is_empty() => (FunctionSource::FilterFunctions, parse_filter_functions(&text)),
-            _ => match &kallsyms {
-                Some(text) => (FunctionSource::Kallsyms, parse_kallsyms(text)),
-                None => (FunctionSource::None, Functions::default()),
-            },
-        };
-        let headers_wanted = p
-            .headers_override
-            .clone()
-            .unwrap_or_else(|| p.modules_root.join(&p.release).join("build"));
+        let ringbuf = kallsyms
+            .as_deref()
+            .unwrap_or("")
+            .lines()
+            .any(|l| l.split_whitespace().nth(2) == Some("bpf_ringbuf_output"));
+        let (source, functions) =
+            match tracefs.as_ref().and_then(|d| fs::read_to_string(d.join("available_filter_functions")).ok()) {
+                Some(text) if !text.is_empty() => (FunctionSource::FilterFunctions, parse_filter_functions(&text)),
+                _ => match &kallsyms {
+                    Some(text) => (FunctionSource::Kallsyms, parse_kallsyms(text)),
+                    None => (FunctionSource::None, Functions::default()),
+                },
+            };
+        let headers_wanted =
+            p.headers_override.clone().unwrap_or_else(|| p.modules_root.join(&p.release).join("build"));
         let headers = if headers_wanted.join("include").is_dir() { Some(headers_wanted.clone()) } else { None };
         let cflags = headers_wanted_cflags(&headers_wanted);
         Kernel {
@@ -186,7 +194,11 @@ impl Functions {
         let mut f = Functions::default();
         for (name, module) in v {
             let m = module.unwrap_or("");
-            let (Ok(nl), Ok(ml), Ok(start)) = (u16::try_from(name.len()), u16::try_from(m.len()), u32::try_from(f.text.len())) else { continue };
+            let (Ok(nl), Ok(ml), Ok(start)) =
+                (u16::try_from(name.len()), u16::try_from(m.len()), u32::try_from(f.text.len()))
+            else {
+                continue;
+            };
             if f.entries.last().is_some_and(|e| f.name(e) == name) {
                 f.entries.pop();
             }
@@ -238,7 +250,7 @@ fn module_field(f: Option<&str>) -> Option<&str> {
 pub fn parse_kallsyms(text: &str) -> Functions {
     Functions::from_pairs(
         text.lines()
-            .filter_map(crate::ksyms::parse_line)
+            .filter_map(crate::kernel::ksyms::parse_line)
             .filter(|&(_, kind, _, _)| matches!(kind, 't' | 'T'))
             .map(|(_, _, name, module)| (name, module)),
     )
@@ -274,7 +286,9 @@ mod tests {
 
     #[test]
     fn functions_sorted_in_one_string() {
-        let f = parse_filter_functions("zeta [m1]\nalpha\nmid [libiscsi]\nalpha [later]\n\n__ftrace_invalid_address___12\n");
+        let f = parse_filter_functions(
+            "zeta [m1]\nalpha\nmid [libiscsi]\nalpha [later]\n\n__ftrace_invalid_address___12\n",
+        );
         assert_eq!(f.len(), 4);
         assert_eq!(f.get("zeta"), Some(Some("m1")));
         assert_eq!(f.get("mid"), Some(Some("libiscsi")));
@@ -282,16 +296,24 @@ mod tests {
         assert_eq!(f.get("alph"), None);
         assert_eq!(f.get("zzz"), None);
         assert_eq!(f.get(""), None);
-        let k = parse_kallsyms("ffffffff81000000 T start_x\nffffffff81000010 d data_x\nffffffffc0000000 t mod_fn [libiscsi]\n");
-        assert_eq!((k.len(), k.get("start_x"), k.get("mod_fn"), k.get("data_x")), (2, Some(None), Some(Some("libiscsi")), None));
+        let k = parse_kallsyms(
+            "ffffffff81000000 T start_x\nffffffff81000010 d data_x\nffffffffc0000000 t mod_fn [libiscsi]\n",
+        );
+        assert_eq!(
+            (k.len(), k.get("start_x"), k.get("mod_fn"), k.get("data_x")),
+            (2, Some(None), Some(Some("libiscsi")), None)
+        );
         assert!(Functions::default().is_empty());
     }
 
     #[test]
     fn filter_functions_win_over_kallsyms() {
         let t = tmp();
-        let p = fixture(t.path(), Some("iscsi_queuecommand [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\nsubmit_bio_noacct\n"),
-            "ffffffff81000000 T bpf_ringbuf_output\nffffffffc0000000 t iscsi_requeue_task [libiscsi]\n");
+        let p = fixture(
+            t.path(),
+            Some("iscsi_queuecommand [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\nsubmit_bio_noacct\n"),
+            "ffffffff81000000 T bpf_ringbuf_output\nffffffffc0000000 t iscsi_requeue_task [libiscsi]\n",
+        );
         let k = Kernel::from_paths(&p);
         assert_eq!(k.source, FunctionSource::FilterFunctions);
         assert!(k.can_probe("iscsi_queuecommand"));
@@ -307,7 +329,10 @@ mod tests {
 
     #[test]
     fn ms_extensions_follow_the_kernel_config() {
-        assert_eq!(cflags_from_autoconf("#define CONFIG_X 1\n#define CONFIG_CC_MS_EXTENSIONS \"-fms-extensions\"\n"), vec!["-fms-extensions"]);
+        assert_eq!(
+            cflags_from_autoconf("#define CONFIG_X 1\n#define CONFIG_CC_MS_EXTENSIONS \"-fms-extensions\"\n"),
+            vec!["-fms-extensions"]
+        );
         assert!(cflags_from_autoconf("#define CONFIG_CC_MS_EXTENSIONS \"-fevil; rm\"\n").is_empty());
         assert!(cflags_from_autoconf("").is_empty());
     }
@@ -315,7 +340,11 @@ mod tests {
     #[test]
     fn kallsyms_fallback_takes_text_symbols_only() {
         let t = tmp();
-        let p = fixture(t.path(), None, "0000000000000000 T iscsi_queuecommand [libiscsi]\n0000000000000000 d iscsi_data [libiscsi]\n");
+        let p = fixture(
+            t.path(),
+            None,
+            "0000000000000000 T iscsi_queuecommand [libiscsi]\n0000000000000000 d iscsi_data [libiscsi]\n",
+        );
         let k = Kernel::from_paths(&p);
         assert_eq!(k.source, FunctionSource::Kallsyms);
         assert!(k.can_probe("iscsi_queuecommand"));

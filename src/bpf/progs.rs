@@ -4,7 +4,7 @@
 //! was already running on that CPU (5.12+). bcc keeps the fds of the kprobe
 //! programs it loads; they are found through /proc/self/fd.
 
-use crate::fentry::{bpf, get32, get64, put32, put64};
+use crate::bpf::syscall::{bpf, get32, get64, put32, put64};
 use std::os::fd::RawFd;
 
 const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
@@ -36,7 +36,13 @@ pub fn info(fd: RawFd) -> Option<ProgInfo> {
     let at = |off: usize| if len >= off + 8 { get64(&info, off) } else { 0 };
     let name = &info[INFO_NAME..INFO_NAME + 16];
     let name = String::from_utf8_lossy(&name[..name.iter().position(|&c| c == 0).unwrap_or(16)]).into_owned();
-    Some(ProgInfo { id: get32(&info, 4), name, run_time_ns: at(INFO_RUN_TIME_NS), run_cnt: at(INFO_RUN_CNT), recursion_misses: at(INFO_RECURSION_MISSES) })
+    Some(ProgInfo {
+        id: get32(&info, 4),
+        name,
+        run_time_ns: at(INFO_RUN_TIME_NS),
+        run_cnt: at(INFO_RUN_CNT),
+        recursion_misses: at(INFO_RECURSION_MISSES),
+    })
 }
 
 /// Every BPF program this process holds, each once (by program id).
@@ -44,7 +50,8 @@ pub fn own_programs() -> Vec<ProgInfo> {
     let mut out: Vec<ProgInfo> = Vec::new();
     let Ok(rd) = std::fs::read_dir("/proc/self/fd") else { return out };
     for e in rd.flatten() {
-        let is_prog = std::fs::read_link(e.path()).map(|l| l.to_string_lossy() == "anon_inode:bpf-prog").unwrap_or(false);
+        let is_prog =
+            std::fs::read_link(e.path()).map(|l| l.to_string_lossy() == "anon_inode:bpf-prog").unwrap_or(false);
         let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
         if !is_prog {
             continue;

@@ -3,9 +3,9 @@
 //! `struct row_val`, `struct hist_key`), fine log-linear histograms,
 //! percentiles.
 
+use crate::bpf::events::{Direction, Reader};
+use crate::bpf::maps;
 use crate::error::{Error, Result};
-use crate::events::{Direction, Reader};
-use crate::maps;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -16,8 +16,27 @@ pub const SEND: usize = 1;
 pub const NET: usize = 3;
 pub const TARGET: usize = 4;
 pub const TOTAL: usize = 5;
-/// Buckets of the Prometheus histogram: src/prom.rs LE_NS and +Inf.
-pub const LE_BUCKETS: usize = crate::prom::LE_NS.len() + 1;
+/// Bucket bounds in ns; bpf_templates/iscstat.c `le_index` has the same.
+pub const LE_NS: [u64; 16] = [
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
+/// Buckets of the Prometheus histogram: LE_NS and +Inf.
+pub const LE_BUCKETS: usize = LE_NS.len() + 1;
 
 /// sizeof the C structs (tests check them against the template; the tool
 /// checks them against the loaded maps at start).
@@ -68,7 +87,7 @@ pub struct Row {
     pub max: [u64; NSTAGES],
     /// per stage: bucket -> count
     pub hist: [BTreeMap<u32, u64>; NSTAGES],
-    /// per stage: Prometheus bucket counts (src/prom.rs LE_NS, last = +Inf)
+    /// per stage: Prometheus bucket counts (LE_NS, last = +Inf)
     pub le: [[u64; LE_BUCKETS]; NSTAGES],
 }
 
@@ -129,7 +148,11 @@ impl Row {
 
     /// Commands a stage's statistics are of: NET and TARGET only those split.
     pub fn count_of(&self, stage: usize) -> u64 {
-        if stage == NET || stage == TARGET { self.split } else { self.count }
+        if stage == NET || stage == TARGET {
+            self.split
+        } else {
+            self.count
+        }
     }
 
     pub fn avg(&self, stage: usize) -> u64 {
@@ -198,7 +221,12 @@ pub fn regroup(rows: &BTreeMap<RowKey, Row>, per_lun: bool, per_dir: bool) -> BT
 /// Check that the loaded program's maps have the layouts this module
 /// decodes: a mismatch is an error, never garbage numbers.
 pub fn check_maps(bpf: &bcc::BPF) -> Result<()> {
-    for (name, key, value) in [("rows", ROW_KEY_SIZE, ROW_VAL_SIZE), ("hists", HIST_KEY_SIZE, 8), ("prom", HIST_KEY_SIZE, 8), ("conns", CONN_KEY_SIZE, CONN_TCP_SIZE)] {
+    for (name, key, value) in [
+        ("rows", ROW_KEY_SIZE, ROW_VAL_SIZE),
+        ("hists", HIST_KEY_SIZE, 8),
+        ("prom", HIST_KEY_SIZE, 8),
+        ("conns", CONN_KEY_SIZE, CONN_TCP_SIZE),
+    ] {
         maps::check_sizes(bpf.table(name)?, name, key, value)?;
     }
     Ok(())
@@ -263,7 +291,8 @@ impl Collector {
                     if e == old_fine && (stage as usize) < STAGES.len() {
                         // A row's fine buckets may come without its counts
                         // (a scrape took those): the report merges them.
-                        *rows.entry(key).or_default().hist[stage as usize].entry(bucket).or_default() += maps::first_u64(&v);
+                        *rows.entry(key).or_default().hist[stage as usize].entry(bucket).or_default() +=
+                            maps::first_u64(&v);
                         maps::delete(&mut ht, &k);
                     }
                 }
@@ -374,7 +403,10 @@ mod tests {
         assert_eq!(h.iter().map(|x| x.2).sum::<u64>(), 5);
         assert_eq!(h[0], (0, 1, 2), "500 ns and 1.5 us are in 0 -> 1: {h:?}");
         assert_eq!(h[1], (2, 3, 2), "{h:?}");
-        assert!(h.iter().any(|&(lo, hi, n)| lo == 512 && hi == 1023 && n == 1), "1 ms is in 512 -> 1023 (as 1000 us): {h:?}");
+        assert!(
+            h.iter().any(|&(lo, hi, n)| lo == 512 && hi == 1023 && n == 1),
+            "1 ms is in 512 -> 1023 (as 1000 us): {h:?}"
+        );
         for w in h.windows(2) {
             assert_eq!(w[0].1 + 1, w[1].0, "slots are contiguous: {h:?}");
         }
@@ -412,14 +444,17 @@ mod tests {
 
     #[test]
     fn layouts_match_iscstat_c() {
-        use crate::layout::{self, Sample};
-        use crate::templates::ISCSTAT;
+        use crate::bpf::layout::{self, Sample};
+        use crate::bpf::templates::ISCSTAT;
         let key = Sample::new(layout::parse(ISCSTAT, "row_key").unwrap());
         let val = Sample::new(layout::parse(ISCSTAT, "row_val").unwrap());
         let hist = Sample::new(layout::parse(ISCSTAT, "hist_key").unwrap());
         assert_eq!((key.layout.size, val.layout.size, hist.layout.size), (ROW_KEY_SIZE, ROW_VAL_SIZE, HIST_KEY_SIZE));
         let (epoch, k) = parse_row_key(&key.bytes).unwrap();
-        assert_eq!([epoch as u64, k.sid as u64, k.cid as u64, k.host as u64, k.lun, k.dir as u64], ["epoch", "sid", "cid", "host", "lun", "dir"].map(|n| key.int(n, 0)));
+        assert_eq!(
+            [epoch as u64, k.sid as u64, k.cid as u64, k.host as u64, k.lun, k.dir as u64],
+            ["epoch", "sid", "cid", "host", "lun", "dir"].map(|n| key.int(n, 0))
+        );
         let mut r = Row::default();
         add_percpu_row(&mut r, &val.bytes, 1);
         assert_eq!((r.count, r.bytes, r.split), (val.int("count", 0), val.int("bytes", 0), val.int("split", 0)));
@@ -442,8 +477,8 @@ mod tests {
 
     #[test]
     fn conn_layouts_match_iscstat_c() {
-        use crate::layout::{self, Sample};
-        use crate::templates::ISCSTAT;
+        use crate::bpf::layout::{self, Sample};
+        use crate::bpf::templates::ISCSTAT;
         let key = Sample::new(layout::parse(ISCSTAT, "conn_key").unwrap());
         let val = Sample::new(layout::parse(ISCSTAT, "conn_tcp").unwrap());
         assert_eq!((key.layout.size, val.layout.size), (CONN_KEY_SIZE, CONN_TCP_SIZE));

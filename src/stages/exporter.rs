@@ -20,7 +20,9 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// `[ADDR:]PORT`: a port alone listens on 127.0.0.1; `0.0.0.0:PORT` or
 /// `[::]:PORT` on every address.
 pub fn parse_listen(s: &str) -> Result<SocketAddr> {
-    let bad = |why: &str| Error::usage(format!("--listen '{s}': {why} (want PORT or ADDR:PORT, e.g. 9464, 0.0.0.0:9464, [::1]:9464)"));
+    let bad = |why: &str| {
+        Error::usage(format!("--listen '{s}': {why} (want PORT or ADDR:PORT, e.g. 9464, 0.0.0.0:9464, [::1]:9464)"))
+    };
     let addr = if let Ok(port) = s.parse::<u16>() {
         SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
     } else {

@@ -4,12 +4,12 @@
 //! The C side is bpf_templates/iscstates.c; kernel facts are in
 //! ../shared/KERNEL-NOTES-2.md section B.
 
+use crate::bpf::events::Reader;
+use crate::bpf::runner::Probe;
+use crate::bpf::templates::{self, Template, Value};
+use crate::cli::json;
 use crate::error::{Error, Result};
-use crate::events::Reader;
-use crate::json;
 use crate::kernel::Kernel;
-use crate::runner::Probe;
-use crate::templates::{self, Template, Value};
 use std::collections::{BTreeMap, HashMap};
 
 pub const PARTS: &[&str] = &[templates::COMMON, templates::ISCSTATES];
@@ -107,7 +107,8 @@ impl StateEvent {
             return None;
         }
         let mut r = Reader::new(b);
-        let (ts, oldest_ns, kind, sid, cid, code, sent, unsent, recovery_tmo) = (r.u64()?, r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.i32()?, r.u32()?, r.u32()?, r.i32()?);
+        let (ts, oldest_ns, kind, sid, cid, code, sent, unsent, recovery_tmo) =
+            (r.u64()?, r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.i32()?, r.u32()?, r.u32()?, r.i32()?);
         Some(StateEvent { ts, oldest_ns, kind: Kind::from_code(kind)?, sid, cid, code, sent, unsent, recovery_tmo })
     }
 }
@@ -150,7 +151,14 @@ pub struct StatesPlan {
 
 impl StatesPlan {
     pub fn choose(kernel: &Kernel) -> Result<StatesPlan> {
-        for (f, what) in [(CONN_ERROR, "a connection failure"), (CONN_STOP, "a connection stop"), (CONN_START, "a connection start"), (BLOCK, "a session block"), (UNBLOCK, "a session unblock"), (TIMEOUT, "a recovery timeout")] {
+        for (f, what) in [
+            (CONN_ERROR, "a connection failure"),
+            (CONN_STOP, "a connection stop"),
+            (CONN_START, "a connection start"),
+            (BLOCK, "a session block"),
+            (UNBLOCK, "a session unblock"),
+            (TIMEOUT, "a recovery timeout"),
+        ] {
             if !kernel.can_probe(f) {
                 return Err(Error::missing_probe(what, &[f]));
             }
@@ -177,7 +185,8 @@ impl StatesPlan {
         let mut notes = Vec::new();
         match flush {
             Some(f) => probes.push(Probe::entry(f, "flush_task")),
-            None => notes.push(format!("none of {} is traceable: commands in flight at a failure show '-'", FLUSH.join(", "))),
+            None => notes
+                .push(format!("none of {} is traceable: commands in flight at a failure show '-'", FLUSH.join(", "))),
         }
         if have_requeue {
             probes.push(Probe::entry(REQUEUE, "requeue"));
@@ -282,7 +291,9 @@ impl Tracker {
 
     /// A session that existed at start, in the state sysfs gives.
     pub fn known(&mut self, sid: u32, sysfs_state: &str) {
-        self.state.entry(sid).or_insert_with(|| (if sysfs_state.is_empty() { "-".into() } else { sysfs_state.into() }, None));
+        self.state
+            .entry(sid)
+            .or_insert_with(|| (if sysfs_state.is_empty() { "-".into() } else { sysfs_state.into() }, None));
     }
 
     fn open(&mut self, sid: u32, ts: u64, errors: Option<u64>) -> &mut Episode {
@@ -317,7 +328,8 @@ impl Tracker {
             }
             Kind::ConnStop => {
                 let n = e.sent + e.unsent;
-                let (flushed, oldest) = if self.have_flush { (Some(n as u64), (n > 0).then_some(e.oldest_ns)) } else { (None, None) };
+                let (flushed, oldest) =
+                    if self.have_flush { (Some(n as u64), (n > 0).then_some(e.oldest_ns)) } else { (None, None) };
                 fields.push(("in_flight", opt_num(flushed)));
                 fields.push(("sent", opt_num(self.have_flush.then_some(e.sent as u64))));
                 fields.push(("unsent", opt_num(self.have_flush.then_some(e.unsent as u64))));
@@ -326,7 +338,12 @@ impl Tracker {
                 let what = match (flushed, oldest) {
                     (None, _) => "in flight: -".to_string(),
                     (Some(0), _) => "0 commands in flight".to_string(),
-                    (Some(n), o) => format!("{n} commands in flight ({} sent, {} not sent), oldest {}", e.sent, e.unsent, o.map(secs).unwrap_or("-".into())),
+                    (Some(n), o) => format!(
+                        "{n} commands in flight ({} sent, {} not sent), oldest {}",
+                        e.sent,
+                        e.unsent,
+                        o.map(secs).unwrap_or("-".into())
+                    ),
                 };
                 match e.code {
                     STOP_RECOVER => {
@@ -356,7 +373,15 @@ impl Tracker {
                 self.totals.entry(sid).or_default().timeouts += 1;
                 fields.push(("after_ns", opt_num(after)));
                 fields.push(("replacement_timeout_s", Field::Num(e.recovery_tmo as i64)));
-                ("TIMED_OUT", "recovery_timeout", format!("recovery timed out after {} (replacement_timeout {} s): I/O fails", after.map(secs).unwrap_or("-".into()), e.recovery_tmo))
+                (
+                    "TIMED_OUT",
+                    "recovery_timeout",
+                    format!(
+                        "recovery timed out after {} (replacement_timeout {} s): I/O fails",
+                        after.map(secs).unwrap_or("-".into()),
+                        e.recovery_tmo
+                    ),
+                )
             }
             Kind::ConnStart => {
                 fields.push(("stop_stage", Field::Num(e.code as i64)));
@@ -390,7 +415,16 @@ impl Tracker {
                     fields.push(("failed", opt_num(failed)));
                     fields.push(("timed_out", Field::Num(ep.timed_out as i64)));
                     let n = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or("-".into());
-                    ("LOGGED_IN", "unblocked", format!("I/O resumes: blocked {}, requeued {}, failed {}", blocked.map(secs).unwrap_or("-".into()), n(requeued), n(failed)))
+                    (
+                        "LOGGED_IN",
+                        "unblocked",
+                        format!(
+                            "I/O resumes: blocked {}, requeued {}, failed {}",
+                            blocked.map(secs).unwrap_or("-".into()),
+                            n(requeued),
+                            n(failed)
+                        ),
+                    )
                 }
                 None => ("LOGGED_IN", "unblocked", "I/O runs".to_string()),
             },
@@ -404,7 +438,16 @@ impl Tracker {
 
 impl Shown {
     pub fn header(timestamp: bool) -> String {
-        format!("{:<14} {:<7} {:<40} {:<15} {:<10}    {:<10} {:>10} DETAIL", if timestamp { "TIME" } else { "TIME(s)" }, "SID:CID", "TARGET", "PORTAL", "OLD", "NEW", "MS")
+        format!(
+            "{:<14} {:<7} {:<40} {:<15} {:<10}    {:<10} {:>10} DETAIL",
+            if timestamp { "TIME" } else { "TIME(s)" },
+            "SID:CID",
+            "TARGET",
+            "PORTAL",
+            "OLD",
+            "NEW",
+            "MS"
+        )
     }
 
     pub fn line(&self, time: &str, info: &SessionInfo) -> String {
@@ -412,15 +455,15 @@ impl Shown {
         let ms = self.duration_ns.map(|d| format!("{:.3}", d as f64 / 1e6)).unwrap_or("-".into());
         let target = if info.target.is_empty() { "-" } else { &info.target };
         let portal = if info.portal.is_empty() { "-" } else { &info.portal };
-        format!("{time:<14} {id:<7} {target:<40} {portal:<15} {:<10} -> {:<10} {ms:>10} {}", self.old, self.new, self.detail)
+        format!(
+            "{time:<14} {id:<7} {target:<40} {portal:<15} {:<10} -> {:<10} {ms:>10} {}",
+            self.old, self.new, self.detail
+        )
     }
 
     pub fn json(&self, time: &str, info: &SessionInfo) -> String {
-        let mut o = json::Object::new()
-            .str("time", time)
-            .num("ts_ns", self.ts)
-            .str("event", self.event)
-            .num("sid", self.sid);
+        let mut o =
+            json::Object::new().str("time", time).num("ts_ns", self.ts).str("event", self.event).num("sid", self.sid);
         o = match self.cid {
             Some(c) => o.num("cid", c),
             None => o.null("cid"),
@@ -442,16 +485,45 @@ impl Shown {
 }
 
 /// The exit summary, one row per session seen.
-pub fn summary_lines(totals: &BTreeMap<u32, Totals>, info: &dyn Fn(u32) -> SessionInfo, have_requeue: bool) -> Vec<String> {
-    let mut v = vec![format!("{:<5} {:<40} {:<24} {:>8} {:>11} {:>14} {:>11} {:>8} {:>8} {:>6} {:>7} {:>6}", "SID", "TARGET", "FAILURES", "EPISODES", "BLOCKED(s)", "MAXBLOCKED(s)", "LONGEST(s)", "TIMEOUTS", "REQUEUED", "FAILED", "LOGOUTS", "LOGINS")];
+pub fn summary_lines(
+    totals: &BTreeMap<u32, Totals>,
+    info: &dyn Fn(u32) -> SessionInfo,
+    have_requeue: bool,
+) -> Vec<String> {
+    let mut v = vec![format!(
+        "{:<5} {:<40} {:<24} {:>8} {:>11} {:>14} {:>11} {:>8} {:>8} {:>6} {:>7} {:>6}",
+        "SID",
+        "TARGET",
+        "FAILURES",
+        "EPISODES",
+        "BLOCKED(s)",
+        "MAXBLOCKED(s)",
+        "LONGEST(s)",
+        "TIMEOUTS",
+        "REQUEUED",
+        "FAILED",
+        "LOGOUTS",
+        "LOGINS"
+    )];
     for (sid, t) in totals {
-        let f = if t.failures.is_empty() { "0".to_string() } else { t.failures.iter().map(|(c, n)| format!("{}:{n}", err_name(*c))).collect::<Vec<_>>().join(",") };
+        let f = if t.failures.is_empty() {
+            "0".to_string()
+        } else {
+            t.failures.iter().map(|(c, n)| format!("{}:{n}", err_name(*c))).collect::<Vec<_>>().join(",")
+        };
         let target = info(*sid).target;
         let rq = if have_requeue { t.requeued.to_string() } else { "-".into() };
         let longest = t.longest_held_ns.map(|n| format!("{:.3}", n as f64 / 1e9)).unwrap_or("-".into());
         v.push(format!(
             "{sid:<5} {:<40} {f:<24} {:>8} {:>11.3} {:>14.3} {longest:>11} {:>8} {rq:>8} {:>6} {:>7} {:>6}",
-            if target.is_empty() { "-" } else { &target }, t.episodes, t.blocked_ns as f64 / 1e9, t.max_blocked_ns as f64 / 1e9, t.timeouts, t.failed, t.logouts, t.logins
+            if target.is_empty() { "-" } else { &target },
+            t.episodes,
+            t.blocked_ns as f64 / 1e9,
+            t.max_blocked_ns as f64 / 1e9,
+            t.timeouts,
+            t.failed,
+            t.logouts,
+            t.logins
         ));
     }
     if totals.is_empty() {
@@ -462,12 +534,16 @@ pub fn summary_lines(totals: &BTreeMap<u32, Totals>, info: &dyn Fn(u32) -> Sessi
 
 /// The --prom-file text: counters per session since the tool started.
 pub fn prom_text(totals: &BTreeMap<u32, Totals>, info: &dyn Fn(u32) -> SessionInfo) -> String {
-    use crate::prom::{escape_label, seconds};
+    use crate::cli::textfile::{escape_label, seconds};
     let labels = |sid: u32| format!("sid=\"{sid}\",target=\"{}\"", escape_label(&info(sid).target));
     let mut o = String::from("# HELP iscsi_connection_failures_total iSCSI connection failures, by the kernel's reason.\n# TYPE iscsi_connection_failures_total counter\n");
     for (sid, t) in totals {
         for (c, n) in &t.failures {
-            o.push_str(&format!("iscsi_connection_failures_total{{{},reason=\"{}\"}} {n}\n", labels(*sid), err_name(*c)));
+            o.push_str(&format!(
+                "iscsi_connection_failures_total{{{},reason=\"{}\"}} {n}\n",
+                labels(*sid),
+                err_name(*c)
+            ));
         }
     }
     o.push_str("# HELP iscsi_session_blocked_seconds_total Time sessions spent blocked by recovery (ended episodes).\n# TYPE iscsi_session_blocked_seconds_total counter\n");
@@ -484,7 +560,7 @@ pub fn prom_text(totals: &BTreeMap<u32, Totals>, info: &dyn Fn(u32) -> SessionIn
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{self, Sample};
+    use crate::bpf::layout::{self, Sample};
 
     #[test]
     fn event_matches_iscstates_c() {
@@ -496,7 +572,19 @@ mod tests {
         b[off..off + 4].copy_from_slice(&5u32.to_ne_bytes());
         let e = StateEvent::parse(&b).unwrap();
         assert_eq!(e.kind, Kind::Unblock);
-        assert_eq!([e.ts, e.oldest_ns, e.sid as u64, e.cid as u64, e.code as u64, e.sent as u64, e.unsent as u64, e.recovery_tmo as u64], ["ts", "oldest_ns", "sid", "cid", "code", "sent", "unsent", "recovery_tmo"].map(|n| s.int(n, 0)));
+        assert_eq!(
+            [
+                e.ts,
+                e.oldest_ns,
+                e.sid as u64,
+                e.cid as u64,
+                e.code as u64,
+                e.sent as u64,
+                e.unsent as u64,
+                e.recovery_tmo as u64
+            ],
+            ["ts", "oldest_ns", "sid", "cid", "code", "sent", "unsent", "recovery_tmo"].map(|n| s.int(n, 0))
+        );
         for (k, name) in Kind::ALL {
             assert!(templates::ISCSTATES.contains(&format!("#define {name} {}\n", k as u32)), "{name}");
         }
@@ -537,7 +625,13 @@ mod tests {
         let l = t.take(&ev(Kind::ConnError, 10 * s, 1022), Some(0)).unwrap();
         assert_eq!((l.old.as_str(), l.new, l.duration_ns), ("LOGGED_IN", "FAILED", None));
         assert!(l.detail.contains("NOP_TIMEDOUT (1022)"), "{}", l.detail);
-        let stop = StateEvent { sent: 3, unsent: 1, oldest_ns: 10 * s, code: STOP_RECOVER, ..ev(Kind::ConnStop, 10 * s + 5, 3) };
+        let stop = StateEvent {
+            sent: 3,
+            unsent: 1,
+            oldest_ns: 10 * s,
+            code: STOP_RECOVER,
+            ..ev(Kind::ConnStop, 10 * s + 5, 3)
+        };
         let l = t.take(&stop, Some(0)).unwrap();
         assert!(l.detail.contains("4 commands in flight (3 sent, 1 not sent), oldest 10.000 s"), "{}", l.detail);
         assert_eq!(l.duration_ns, Some(5));
@@ -551,7 +645,10 @@ mod tests {
         let l = t.take(&ev(Kind::Unblock, 20 * s + 1, 0), Some(7)).unwrap();
         assert_eq!(l.detail, "I/O resumes: blocked 9.000 s, requeued 4, failed 7");
         let tot = &t.totals[&1];
-        assert_eq!((tot.episodes, tot.blocked_ns, tot.timeouts, tot.requeued, tot.failed, tot.logins), (1, 9 * s + 1, 1, 4, 7, 0));
+        assert_eq!(
+            (tot.episodes, tot.blocked_ns, tot.timeouts, tot.requeued, tot.failed, tot.logins),
+            (1, 9 * s + 1, 1, 4, 7, 0)
+        );
         assert_eq!(tot.failures[&1022], 1);
         assert!(t.episodes.is_empty());
         // A login's unblock is no episode; a logout is no failure.
@@ -561,9 +658,17 @@ mod tests {
         let tot = &t.totals[&1];
         assert_eq!((tot.episodes, tot.logouts, tot.logins, tot.failures.len()), (1, 1, 1, 1));
         let j: String = l.json("1.0", &SessionInfo { target: "iqn.x".into(), portal: "p".into() });
-        assert!(j.contains("\"blocked_ns\":9000000001") && j.contains("\"failed\":7") && j.contains("\"reason\":\"NOP_TIMEDOUT\""), "{j}");
+        assert!(
+            j.contains("\"blocked_ns\":9000000001")
+                && j.contains("\"failed\":7")
+                && j.contains("\"reason\":\"NOP_TIMEDOUT\""),
+            "{j}"
+        );
         let p = prom_text(&t.totals, &|_| SessionInfo { target: "iqn.x".into(), portal: String::new() });
-        assert!(p.contains("iscsi_connection_failures_total{sid=\"1\",target=\"iqn.x\",reason=\"NOP_TIMEDOUT\"} 1\n"), "{p}");
+        assert!(
+            p.contains("iscsi_connection_failures_total{sid=\"1\",target=\"iqn.x\",reason=\"NOP_TIMEDOUT\"} 1\n"),
+            "{p}"
+        );
         assert!(p.contains("iscsi_session_blocked_seconds_total{sid=\"1\",target=\"iqn.x\"} 9.000000001\n"), "{p}");
         assert!(p.contains("iscsi_commands_failed_total{sid=\"1\",target=\"iqn.x\"} 7\n"), "{p}");
     }
