@@ -1,16 +1,35 @@
 //! One error type for every tool. Errors travel as values up to `main`, which
-//! prints one line and exits: 2 for bad usage, 1 for an environment problem.
+//! prints one line and exits: 2 for the user's mistakes, 1 for what the
+//! machine or the kernel cannot give (see [`Error`]).
 
 use std::fmt;
 
+/// What failed. Exit status 2 for the user's mistakes (`Usage`, `Filter`),
+/// 1 for everything the machine or the kernel cannot give.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
-    /// The user asked for something that cannot be: bad flag value, unknown
-    /// session, bad regex. Exit status 2.
+    /// A flag's value or a combination of flags that cannot be.
     Usage(String),
-    /// The machine cannot run the tool: not root, no headers, no iSCSI, a
-    /// kernel without a needed probe point, a failed compile. Exit status 1.
-    Env(String),
+    /// A filter that names nothing or does not parse: an unknown session,
+    /// connection, LUN or disk, a bad regular expression.
+    Filter(String),
+    /// Not run as root.
+    NotRoot,
+    /// Neither kernel BTF nor kernel headers give the types a program reads.
+    KernelTypes(String),
+    /// The iSCSI initiator modules are not loaded.
+    NoIscsiModules,
+    /// No iSCSI session is logged in, or none has a disk.
+    NoSessions(String),
+    /// The running kernel has no probe point for something a tool needs.
+    MissingProbe(String),
+    /// The BPF program did not compile, load or attach, or a map did not
+    /// answer as the program defines it.
+    Bpf(String),
+    /// A file or interface of the system could not be read or written.
+    Io(String),
+    /// A template and the values given for it disagree: a defect of the tool.
+    Template(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -19,38 +38,53 @@ impl Error {
     pub fn usage(msg: impl Into<String>) -> Self {
         Error::Usage(msg.into())
     }
-    pub fn env(msg: impl Into<String>) -> Self {
-        Error::Env(msg.into())
+    pub fn filter(msg: impl Into<String>) -> Self {
+        Error::Filter(msg.into())
     }
-    pub fn not_root() -> Self {
-        Error::env("must be run as root (eBPF programs need CAP_BPF and CAP_PERFMON): try sudo")
+    pub fn io(msg: impl Into<String>) -> Self {
+        Error::Io(msg.into())
+    }
+    pub fn bpf(msg: impl Into<String>) -> Self {
+        Error::Bpf(msg.into())
+    }
+    pub fn kernel_types(msg: impl Into<String>) -> Self {
+        Error::KernelTypes(msg.into())
     }
     pub fn no_headers(path: &str) -> Self {
-        Error::env(format!(
+        Error::KernelTypes(format!(
             "kernel headers not found at {path}: install linux-headers-$(uname -r) (Debian/Ubuntu) or kernel-devel (RHEL), or point BCC_KERNEL_SOURCE at them"
         ))
     }
-    pub fn no_iscsi_modules() -> Self {
-        Error::env("iSCSI initiator modules are not loaded (no /sys/module/libiscsi): modprobe iscsi_tcp and log in to a target with iscsiadm")
-    }
     pub fn no_sessions() -> Self {
-        Error::env("no iSCSI session is logged in: log in with iscsiadm -m node -T <iqn> -p <portal> -l")
+        Error::NoSessions("no iSCSI session is logged in: log in with iscsiadm -m node -T <iqn> -p <portal> -l".into())
     }
     pub fn missing_probe(what: &str, candidates: &[&str]) -> Self {
-        Error::env(format!(
+        Error::MissingProbe(format!(
             "this kernel offers no probe point for {what} (none of {} is traceable)",
             candidates.join(", ")
         ))
     }
+    /// 2: the user's mistake; 1: the machine's.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Usage(_) => 2,
-            Error::Env(_) => 1,
+            Error::Usage(_) | Error::Filter(_) => 2,
+            _ => 1,
         }
     }
     pub fn message(&self) -> &str {
         match self {
-            Error::Usage(m) | Error::Env(m) => m,
+            Error::NotRoot => "must be run as root (eBPF programs need CAP_BPF and CAP_PERFMON): try sudo",
+            Error::NoIscsiModules => {
+                "iSCSI initiator modules are not loaded (no /sys/module/libiscsi): modprobe iscsi_tcp and log in to a target with iscsiadm"
+            }
+            Error::Usage(m)
+            | Error::Filter(m)
+            | Error::KernelTypes(m)
+            | Error::NoSessions(m)
+            | Error::MissingProbe(m)
+            | Error::Bpf(m)
+            | Error::Io(m)
+            | Error::Template(m) => m,
         }
     }
 }
@@ -65,7 +99,7 @@ impl std::error::Error for Error {}
 
 impl From<bcc::BccError> for Error {
     fn from(e: bcc::BccError) -> Self {
-        Error::env(format!("bcc: {e}"))
+        Error::bpf(format!("bcc: {e}"))
     }
 }
 
@@ -88,7 +122,10 @@ mod tests {
     #[test]
     fn exit_codes_follow_kind() {
         assert_eq!(Error::usage("x").exit_code(), 2);
-        assert_eq!(Error::not_root().exit_code(), 1);
+        assert_eq!(Error::filter("x").exit_code(), 2);
+        assert_eq!(Error::NotRoot.exit_code(), 1);
+        assert!(Error::NotRoot.to_string().contains("root"));
+        assert_eq!(Error::NoIscsiModules.exit_code(), 1);
         assert!(Error::no_headers("/lib/modules/x/build").to_string().contains("linux-headers"));
         assert!(Error::missing_probe("dispatch", &["a", "b"]).to_string().contains("a, b"));
     }

@@ -15,42 +15,20 @@ use storprototrace::{error, stages, Result};
 
 const ABOUT: &str = "Trace iSCSI commands slower than a threshold, with where their time went.
 
-Stages of each SCSI command in the iSCSI initiator (libiscsi):
-  WAIT   iscsi_queuecommand -> the xmit worker prepares its PDU (queued in the driver)
-  SEND   PDU preparation -> command PDU and any immediate/unsolicited data handed to TCP
-  RESP   handed to TCP -> the response completes the task. For writes this
-         includes waiting for R2Ts and sending the solicited Data-Out PDUs.
-  NET    RESP's network share: one round trip at the connection's floor RTT
-         per exchange with the target, each capped at what it took (command
-         -> first PDU back; for writes with R2T also Data-Out -> response),
-         plus the data transfer the initiator sees (first Data-In -> end for
-         reads; R2T -> last Data-Out handed to TCP for writes).
-  TARGET = RESP - NET: the target's service time (and whatever else the
-         floor RTT does not explain).
-  TOTAL  = WAIT + SEND + RESP
-  RETX   TCP segments retransmitted on the command's connection while it was
-         in flight (the socket's own total_retrans counter).
-The floor RTT is TCP's windowed minimum RTT of the connection (tcp_min_rtt:
-the lowest of the last net.ipv4.tcp_min_rtt_wlen seconds, 300 by default,
-delayed ACKs left out), not srtt, which delayed ACKs piggybacked on the
-target's answers fill with target time. Limits: when the network's RTT
-rises, NET follows only as old samples leave that window (the rise shows as
-TARGET meanwhile); data queued in TCP's send buffer or in the network ahead
-of a write's Data-Out, the target's queue ahead of a read's first Data-In,
-and the network's jitter above its minimum RTT count as TARGET. NET and TARGET show '-' for a command with no PDU
-back seen, not on iscsi_tcp, before the connection's first RTT sample, or
-whose first PDU back came before its send call returned (the round trip is
-then inside SEND); the summary counts them.
-COMM/PID is the context that dispatched the command to the driver: often the
-submitting process, often a kworker (blk-mq runs queues from workqueues).
-Commands that are aborted or failed by session recovery are not timed; they
-are counted in the summary.";
+Each command's time in the iSCSI initiator, in stages:
+  WAIT    queued in the driver (iscsi_queuecommand -> PDU preparation)
+  SEND    PDU preparation -> command PDU handed to TCP
+  NET     the network's share of the wait for the target
+  TARGET  the target's share (RESP - NET)
+  TOTAL   WAIT + SEND + RESP (RESP = NET + TARGET, shown with -W)
+The definitions, every field, and when a field shows '-': man 8 isclatency.";
 
 const EXAMPLES: &str = "examples:
     isclatency                 # iSCSI commands of 10 ms or more, in ms
     isclatency -m 1            # 1 ms or more
     isclatency -u 0            # every command, times in us
-    isclatency -m 5 -e         # with R2T count, target name, initiator and portal
+    isclatency -W              # every column: session, LUN, RESP, RETX, result
+    isclatency -m 5 -e         # -W and R2T count, target name, initiator, portal
     isclatency --sid 1 -w      # writes of session 1 only
     isclatency --target 'storage0[12]' --lun 0
     isclatency --disk sdb -T   # one disk, wall-clock timestamps
@@ -65,7 +43,10 @@ struct Args {
     threshold: Threshold,
     #[command(flatten)]
     filters: Filters,
-    /// Extended columns: R2Ts waited for (writes), target name (IQN), initiator, portal
+    /// Every column: SID:CID, LUN, RESP, RETX and RESULT beside the default ones
+    #[arg(short = 'W', long)]
+    wide: bool,
+    /// Wide, and R2Ts waited for (writes), target name (IQN), initiator, portal
     #[arg(short = 'e', long)]
     extended: bool,
     #[command(flatten)]
@@ -90,6 +71,7 @@ fn run(args: Args) -> Result<()> {
     let mut view = LatencyView::new(
         unit,
         args.common.timestamp,
+        args.wide,
         args.extended,
         &t.plan,
         Clock::start(),

@@ -23,6 +23,7 @@ const EXAMPLES: &str = "examples:
     iscstat              # per session:connection, every second, times in us
     iscstat 5 12         # every 5 s, 12 times
     iscstat -m -L -D     # per LUN, reads and writes apart, times in ms
+    iscstat -W           # every stage's average and maximum, and the target
     iscstat -P           # with p50/p95/p99/max of each stage
     iscstat -H 10 1      # log2 histograms of each stage over 10 s
     iscstat --sid 1 --json
@@ -31,18 +32,11 @@ const EXAMPLES: &str = "examples:
 
 const ABOUT: &str = "Per-session/LUN iSCSI latency statistics by stage, every interval.
 
-Stages as in isclatency (see isclatency --help for the model of NET):
-  WAIT    queued in libiscsi
-  SEND    command PDU handed to TCP
-  RESP    waiting for the target (for writes including R2T round trips)
-  NET     RESP's network share: round trips at the connection's floor RTT
-          and the data transfer the initiator sees
-  TARGET  RESP - NET: the target's service time
-  TOTAL   WAIT + SEND + RESP
-NET and TARGET averages are over the commands that could be split (JSON
-`split`); a row with none shows '-'. RETX: TCP segments retransmitted on the
-row's connection in the interval (the socket's own total_retrans; a row per
-LUN or direction shows its connection's count).";
+Each row: IOPS, throughput, and the averages of the stages of the commands
+that completed in the interval (WAIT + SEND + NET + TARGET = TOTAL), TOTAL's
+maximum and the TCP segments retransmitted on the connection; -W adds every
+stage's maximum, RESP and the target's name. The stages are isclatency's.
+Every field, and when a field shows '-': man 8 iscstat.";
 
 #[derive(Parser, Debug)]
 #[command(name = "iscstat", version, about = "Per-session/LUN iSCSI latency statistics by stage (WAIT/SEND/RESP/NET/TARGET/TOTAL)", long_about = ABOUT, after_help = EXAMPLES)]
@@ -67,7 +61,10 @@ struct Args {
     /// p50, p95, p99 and max of each stage per row
     #[arg(short = 'P', long = "percentiles")]
     percentiles: bool,
-    /// Add initiator and portal to each row
+    /// Every stage's average and maximum, RESP and the target's name
+    #[arg(short = 'W', long)]
+    wide: bool,
+    /// Wide, and the initiator and portal of each row
     #[arg(short = 'e', long)]
     extended: bool,
     /// After each interval, atomically replace PATH with node_exporter
@@ -141,6 +138,7 @@ fn run(args: Args) -> Result<()> {
         per_dir: args.per_dir,
         percentiles: args.percentiles,
         histograms: args.histograms,
+        wide: args.wide,
         extended: args.extended,
         json: args.common.json,
         have_sent: t.plan.have_sent,

@@ -64,7 +64,7 @@ pub struct Resolver {
 
 impl Resolver {
     pub fn new(root: &std::path::Path) -> Result<Resolver> {
-        Ok(Resolver { btf: Loaded::open(root).map_err(Error::env)?, fds: Default::default() })
+        Ok(Resolver { btf: Loaded::open(root).map_err(Error::bpf)?, fds: Default::default() })
     }
 
     /// The BTF read so far, to write kernel types from.
@@ -79,15 +79,15 @@ impl Resolver {
                 .btf
                 .vmlinux
                 .find_func(function)
-                .ok_or_else(|| Error::env(format!("{function} is not in the kernel's BTF")))?;
+                .ok_or_else(|| Error::bpf(format!("{function} is not in the kernel's BTF")))?;
             return Ok(Target { function: function.into(), btf_id, obj: None });
         };
         let btf_id = self
             .btf
             .module(m)
-            .map_err(Error::env)?
+            .map_err(Error::bpf)?
             .find_func(function)
-            .ok_or_else(|| Error::env(format!("{function} is not in the BTF of module {m}")))?;
+            .ok_or_else(|| Error::bpf(format!("{function} is not in the BTF of module {m}")))?;
         if !self.fds.contains_key(m) {
             self.fds.insert(m.to_string(), std::sync::Arc::new(module_btf_fd(m)?));
         }
@@ -102,7 +102,7 @@ fn module_btf_fd(module: &str) -> Result<OwnedFd> {
         let mut attr = [0u8; 16];
         put32(&mut attr, 0, id);
         if bpf(BPF_BTF_GET_NEXT_ID, &mut attr).is_err() {
-            return Err(Error::env(format!("no BTF object of module {module} loaded")));
+            return Err(Error::bpf(format!("no BTF object of module {module} loaded")));
         }
         id = get32(&attr, 4);
         let mut attr = [0u8; 16];

@@ -80,8 +80,8 @@ impl Counter {
 /// (the kernel writes one value per possible CPU into our buffer).
 pub fn possible_cpus() -> crate::Result<usize> {
     let path = "/sys/devices/system/cpu/possible";
-    let text = std::fs::read_to_string(path).map_err(|e| crate::Error::env(format!("{path}: {e}")))?;
-    parse_cpu_list(&text).ok_or_else(|| crate::Error::env(format!("{path}: cannot read CPU list {:?}", text.trim())))
+    let text = std::fs::read_to_string(path).map_err(|e| crate::Error::io(format!("{path}: {e}")))?;
+    parse_cpu_list(&text).ok_or_else(|| crate::Error::io(format!("{path}: cannot read CPU list {:?}", text.trim())))
 }
 
 /// Count the CPUs of a list such as "0-3,5"; None if any part is malformed.
@@ -104,7 +104,7 @@ pub fn parse_cpu_list(text: &str) -> Option<usize> {
 pub fn check_sizes(mut table: Table, name: &str, key: usize, value: usize) -> crate::Result<()> {
     let (k, v) = (table.key_size(), table.leaf_size());
     if (k, v) != (key, value) {
-        return Err(crate::Error::env(format!(
+        return Err(crate::Error::bpf(format!(
             "map {name}: key {k} / value {v} bytes, the decoder expects {key} / {value} (the template and its Rust decoder disagree)"
         )));
     }
@@ -194,7 +194,7 @@ pub fn fill_set<K: Copy>(table: &mut Table, keys: &[K], to_bytes: impl Fn(K) -> 
     for k in keys {
         let mut kb = to_bytes(*k);
         let mut one = vec![1u8];
-        table.set(&mut kb, &mut one).map_err(|e| crate::Error::env(format!("cannot fill filter map: {e}")))?;
+        table.set(&mut kb, &mut one).map_err(|e| crate::Error::bpf(format!("cannot fill filter map: {e}")))?;
     }
     Ok(())
 }

@@ -60,7 +60,7 @@ pub fn preflight(kernel: &Kernel, need_iscsi: bool) -> Result<()> {
     kernel::require_root()?;
     kernel.require_headers()?;
     if need_iscsi && !kernel::module_loaded(std::path::Path::new("/sys/module"), "libiscsi") {
-        return Err(Error::no_iscsi_modules());
+        return Err(Error::NoIscsiModules);
     }
     Ok(())
 }
@@ -72,7 +72,7 @@ pub fn compile(kernel: &Kernel, text: &str) -> Result<BPF> {
     // kernel before clang's peak, instead of under it (issue 14: peak RSS).
     unsafe { libc::malloc_trim(0) };
     bcc::BPFBuilder::new(text).and_then(|b| b.cflags(&kernel.cflags)).and_then(|b| b.build()).map_err(|e| {
-        Error::env(format!("BPF program failed to compile or load ({e}); the compiler's messages are above"))
+        Error::bpf(format!("BPF program failed to compile or load ({e}); the compiler's messages are above"))
     })
 }
 
@@ -97,7 +97,7 @@ impl Links {
 pub fn attach(bpf: &mut BPF, probes: &[Probe], targets: &crate::bpf::fentry::Targets) -> Result<Links> {
     let mut links = Links::default();
     for p in probes {
-        let fail = |e: String| Error::env(format!("cannot attach {}: {e}", p.describe()));
+        let fail = |e: String| Error::bpf(format!("cannot attach {}: {e}", p.describe()));
         match p.kind {
             ProbeKind::Entry => {
                 Kprobe::new().handler(p.handler).function(&p.function).attach(bpf).map_err(|e| fail(e.to_string()))?
@@ -213,7 +213,7 @@ impl Stop {
         let flag = Arc::new(AtomicBool::new(false));
         let f = flag.clone();
         ctrlc::set_handler(move || f.store(true, Ordering::SeqCst))
-            .map_err(|e| Error::env(format!("cannot install signal handler: {e}")))?;
+            .map_err(|e| Error::bpf(format!("cannot install signal handler: {e}")))?;
         Ok(Stop { flag, deadline: duration.map(|d| Instant::now() + d) })
     }
 

@@ -83,10 +83,10 @@ impl Template {
         let wanted = self.placeholders();
         for (i, (name, _)) in values.iter().enumerate() {
             if values[..i].iter().any(|(n, _)| n == name) {
-                return Err(Error::env(format!("template: value {name} given twice")));
+                return Err(Error::Template(format!("template: value {name} given twice")));
             }
             if !wanted.iter().any(|w| w == name) {
-                return Err(Error::env(format!("template: no placeholder named {name}")));
+                return Err(Error::Template(format!("template: no placeholder named {name}")));
             }
         }
         let mut out = String::with_capacity(self.text.len());
@@ -106,7 +106,10 @@ impl Template {
         }
         out.push_str(&self.text[last..]);
         if !missing.is_empty() {
-            return Err(Error::env(format!("template: placeholder(s) left unsubstituted: {}", missing.join(", "))));
+            return Err(Error::Template(format!(
+                "template: placeholder(s) left unsubstituted: {}",
+                missing.join(", ")
+            )));
         }
         Ok(out)
     }

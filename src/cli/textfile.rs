@@ -54,6 +54,6 @@ pub fn write_atomically(path: &Path, text: &str) -> Result<()> {
     });
     r.and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        Error::env(format!("--prom-file {}: {e}", path.display()))
+        Error::io(format!("--prom-file {}: {e}", path.display()))
     })
 }

@@ -25,7 +25,7 @@ pub fn parse_dev(text: &str) -> Option<u32> {
 /// A block device name typed by a user: letters and digits only.
 pub fn validate_disk_name(flag: &str, d: &str) -> Result<()> {
     if d.is_empty() || d.len() > 32 || !d.chars().all(|c| c.is_ascii_alphanumeric()) {
-        return Err(Error::usage(format!("{flag} '{d}': not a block device name (e.g. sda)")));
+        return Err(Error::filter(format!("{flag} '{d}': not a block device name (e.g. sda)")));
     }
     Ok(())
 }
@@ -77,12 +77,12 @@ impl BlockDevs {
                 .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
                 .unwrap_or_default();
             known.sort();
-            Error::usage(format!(
+            Error::filter(format!(
                 "{flag} {name}: no such disk (disks: {})",
                 if known.is_empty() { "none".to_string() } else { known.join(" ") }
             ))
         })?;
-        parse_dev(&text).ok_or_else(|| Error::env(format!("{}: unexpected content {:?}", p.display(), text.trim())))
+        parse_dev(&text).ok_or_else(|| Error::io(format!("{}: unexpected content {:?}", p.display(), text.trim())))
     }
 }
 
@@ -101,7 +101,10 @@ pub fn iscsi_disk_devs(sysfs: &Path, prefix: &str, hint: &str) -> Result<Vec<(St
     }
     let names = iscsi_disks(&topo);
     if names.is_empty() {
-        return Err(Error::env(format!("{prefix}no iSCSI session has a disk (sessions: {}){hint}", topo.describe())));
+        return Err(Error::NoSessions(format!(
+            "{prefix}no iSCSI session has a disk (sessions: {}){hint}",
+            topo.describe()
+        )));
     }
     names.iter().map(|n| Ok((n.clone(), BlockDevs::disk_dev(sysfs, "--disk", n)?))).collect()
 }

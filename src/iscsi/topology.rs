@@ -82,15 +82,14 @@ impl Topology {
         let mut sessions = Vec::new();
         for (name, link) in sorted_entries(&class) {
             let Some(sid) = number_after(&name, "session") else { continue };
-            let dev =
-                fs::canonicalize(&link).map_err(|e| Error::env(format!("cannot read {}: {e}", link.display())))?;
+            let dev = fs::canonicalize(&link).map_err(|e| Error::io(format!("cannot read {}: {e}", link.display())))?;
             // .../platform/hostH/sessionN/iscsi_session/sessionN
             let session_dir = dev.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
             let host = session_dir
                 .ancestors()
                 .filter_map(|a| a.file_name().and_then(|n| number_after(&n.to_string_lossy(), "host")))
                 .next()
-                .ok_or_else(|| Error::env(format!("no SCSI host above {}", dev.display())))?;
+                .ok_or_else(|| Error::io(format!("no SCSI host above {}", dev.display())))?;
             sessions.push(Session {
                 sid,
                 host,

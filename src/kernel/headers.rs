@@ -34,7 +34,7 @@ pub fn struct_body(text: &str, name: &str) -> Option<String> {
 }
 
 fn lack(dirs: &[PathBuf], what: &str) -> Error {
-    Error::env(format!(
+    Error::kernel_types(format!(
         "kernel headers lack {what} (looked in {}): install the full linux-headers package",
         dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
     ))
@@ -98,7 +98,7 @@ impl ScsiLayout {
         } else if t.has("scsi_cmnd.SCp.ptr") {
             TaskLookup::ScsiPointer
         } else {
-            return Err(Error::env("kernel BTF has neither struct iscsi_cmd nor scsi_cmnd.SCp"));
+            return Err(Error::kernel_types("kernel BTF has neither struct iscsi_cmd nor scsi_cmnd.SCp"));
         };
         Ok(ScsiLayout { task_lookup, cdb_pointer: t.is_pointer("scsi_cmnd.cmnd") })
     }

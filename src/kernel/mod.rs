@@ -172,7 +172,7 @@ pub fn require_root() -> Result<()> {
     if unsafe { libc::geteuid() } == 0 {
         Ok(())
     } else {
-        Err(Error::not_root())
+        Err(Error::NotRoot)
     }
 }
 

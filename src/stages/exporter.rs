@@ -51,7 +51,7 @@ impl Exporter {
     pub fn bind(addr: SocketAddr) -> Result<Exporter> {
         let server = tiny_http::Server::http(addr).map_err(|e| {
             let hint = if addr.port() < 1024 { " (ports below 1024 need root or CAP_NET_BIND_SERVICE)" } else { "" };
-            Error::env(format!("--listen {addr}: cannot listen: {e}{hint}"))
+            Error::io(format!("--listen {addr}: cannot listen: {e}{hint}"))
         })?;
         let server = Arc::new(server);
         // Scrapes wait here for the main thread; one per worker at most.

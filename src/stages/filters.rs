@@ -44,7 +44,7 @@ fn regex(flag: &str, s: &str) -> Result<Regex> {
     Regex::new(s).map_err(|e| {
         let msg = e.to_string();
         let last = msg.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("invalid").trim().to_string();
-        Error::usage(format!("{flag} '{s}': bad regular expression: {}", last.trim_start_matches("error: ")))
+        Error::filter(format!("{flag} '{s}': bad regular expression: {}", last.trim_start_matches("error: ")))
     })
 }
 
@@ -102,7 +102,7 @@ impl Filters {
     pub fn resolve(&self, topo: &Topology) -> Result<KernelFilter> {
         self.validate()?;
         let none =
-            |what: String| Error::usage(format!("{what} matches no iSCSI session (sessions: {})", topo.describe()));
+            |what: String| Error::filter(format!("{what} matches no iSCSI session (sessions: {})", topo.describe()));
         let mut sessions: Vec<&crate::iscsi::topology::Session> = topo.sessions.iter().collect();
         let narrowed = self.sid.is_some() || self.target.is_some() || self.initiator.is_some();
         if let Some(sid) = self.sid {
@@ -152,7 +152,7 @@ impl Filters {
         if let Some(d) = &self.disk {
             let (s, l) = topo.disk(d).ok_or_else(|| none(format!("--disk {d}")))?;
             if narrowed && !sessions.iter().any(|x| x.sid == s.sid) {
-                return Err(Error::usage(format!(
+                return Err(Error::filter(format!(
                     "--disk {d} belongs to session {}, which the other filters exclude",
                     s.sid
                 )));

@@ -13,6 +13,9 @@ use std::time::Instant;
 pub struct LatencyView {
     pub unit: Unit,
     pub timestamp: bool,
+    /// Every column (session, LUN, RESP, retransmits, result).
+    pub wide: bool,
+    /// Wide, and the R2T count, target, initiator and portal.
     pub extended: bool,
     /// SEND told apart from RESP (else SEND is `-` / null).
     pub have_sent: bool,
@@ -31,6 +34,7 @@ impl LatencyView {
     pub fn new(
         unit: Unit,
         timestamp: bool,
+        wide: bool,
         extended: bool,
         plan: &StagePlan,
         clock: Clock,
@@ -40,6 +44,7 @@ impl LatencyView {
         LatencyView {
             unit,
             timestamp,
+            wide,
             extended,
             have_sent: plan.have_sent,
             have_r2t: plan.have_r2t,
@@ -76,70 +81,82 @@ impl LatencyView {
         }
     }
 
-    pub fn header(&self) -> String {
+    /// The columns of a line: the default set fits in 100 columns; wide
+    /// adds the session, LUN, RESP, retransmits and result; extended adds
+    /// the R2T count, target, initiator and portal (and implies wide).
+    fn columns(&self) -> Vec<Column> {
         let u = self.unit.label();
-        let time = if self.timestamp { "TIME" } else { "TIME(s)" };
-        let mut h = format!(
-            "{time:<14} {:<16} {:>7} {:>7} {:<6} {:>3} {} {:>7} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>4} {}",
-            "COMM",
-            "PID",
-            "SID:CID",
-            "DISK",
-            "LUN",
-            "T",
-            "BYTES",
-            format!("WAIT({u})"),
-            format!("SEND({u})"),
-            format!("RESP({u})"),
-            format!("NET({u})"),
-            format!("TARGET({u})"),
-            format!("TOTAL({u})"),
-            "RETX",
-            "RESULT"
-        );
-        if self.extended {
-            h.push_str(&format!(" {:>3} {} {} {}", "R2T", "TARGETNAME", "INITIATOR", "PORTAL"));
+        let wide = self.wide || self.extended;
+        let time = if self.timestamp { Column::left("TIME", 12) } else { Column::left("TIME(s)", 11) };
+        let mut c = vec![time, Column::left("COMM", if wide { 16 } else { 14 }), Column::right("PID", 7)];
+        if wide {
+            c.push(Column::right("SID:CID", 7));
         }
-        h
+        c.push(Column::left("DISK", 6));
+        if wide {
+            c.push(Column::right("LUN", 3));
+        }
+        c.extend([Column::left("T", 1), Column::right("BYTES", 7)]);
+        c.extend([Column::right(format!("WAIT({u})"), 8), Column::right(format!("SEND({u})"), 8)]);
+        if wide {
+            c.push(Column::right(format!("RESP({u})"), 10));
+        }
+        c.extend([
+            Column::right(format!("NET({u})"), 8),
+            Column::right(format!("TARGET({u})"), 10),
+            Column::right(format!("TOTAL({u})"), 9),
+        ]);
+        if wide {
+            c.extend([Column::right("RETX", 4), Column::left("RESULT", 0)]);
+        }
+        if self.extended {
+            c.extend([
+                Column::right("R2T", 3),
+                Column::left("TARGETNAME", 0),
+                Column::left("INITIATOR", 0),
+                Column::left("PORTAL", 0),
+            ]);
+        }
+        c
+    }
+
+    pub fn header(&self) -> String {
+        let cols = self.columns();
+        let cells: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
+        render(&cols, &cells)
     }
 
     pub fn row(&mut self, c: &Command) -> String {
         let u = self.unit;
-        let send = if self.have_sent { u.fmt(c.send) } else { "-".into() };
-        let (net, target) = match self.split(c) {
-            Some((n, t)) => (u.fmt(n), u.fmt(t)),
-            None => ("-".into(), "-".into()),
-        };
-        let retx = c.retrans.map_or("-".into(), |r| r.to_string());
-        let disk = self.disk(c);
-        let mut line = format!(
-            "{:<14} {:<16} {:>7} {:>7} {:<6} {:>3} {} {:>7} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>4} {}",
-            self.time(c),
-            c.comm,
-            c.pid,
-            format!("{}:{}", c.sid, c.cid),
-            disk,
-            c.lun,
-            c.dir.letter(),
-            c.bytes,
-            u.fmt(c.wait),
-            send,
-            u.fmt(c.resp),
-            net,
-            target,
-            u.fmt(c.total),
-            retx,
-            c.result_text()
-        );
-        if self.extended {
-            let (target, initiator, portal) = match self.topo.session(c.sid) {
-                Some(s) => (s.target.clone(), s.initiator.clone(), s.portal()),
-                None => ("?".into(), "?".into(), "?".into()),
-            };
-            let r2t = if self.have_r2t { c.r2t.to_string() } else { "-".into() };
-            line.push_str(&format!(" {r2t:>3} {target} {initiator} {portal}"));
+        let cols = self.columns();
+        let mut cells = Vec::with_capacity(cols.len());
+        for col in &cols {
+            let name = col.name.split('(').next().unwrap_or_default();
+            cells.push(match name {
+                "TIME" => self.time(c),
+                "COMM" => c.comm.chars().take(col.width).collect(),
+                "PID" => c.pid.to_string(),
+                "SID:CID" => format!("{}:{}", c.sid, c.cid),
+                "DISK" => self.disk(c),
+                "LUN" => c.lun.to_string(),
+                "T" => c.dir.letter().to_string(),
+                "BYTES" => c.bytes.to_string(),
+                "WAIT" => u.fmt(c.wait),
+                "SEND" if self.have_sent => u.fmt(c.send),
+                "RESP" => u.fmt(c.resp),
+                "NET" => self.split(c).map_or("-".into(), |(n, _)| u.fmt(n)),
+                "TARGET" => self.split(c).map_or("-".into(), |(_, t)| u.fmt(t)),
+                "TOTAL" => u.fmt(c.total),
+                "RETX" => c.retrans.map_or("-".into(), |r| r.to_string()),
+                "RESULT" => c.result_text(),
+                "R2T" if self.have_r2t => c.r2t.to_string(),
+                "TARGETNAME" => self.topo.session(c.sid).map_or("?".into(), |s| s.target.clone()),
+                "INITIATOR" => self.topo.session(c.sid).map_or("?".into(), |s| s.initiator.clone()),
+                "PORTAL" => self.topo.session(c.sid).map_or("?".into(), |s| s.portal()),
+                _ => "-".into(),
+            });
         }
-        line
+        render(&cols, &cells)
     }
 
     /// NET and TARGET where known: never more than RESP (the C side
@@ -180,6 +197,45 @@ impl LatencyView {
     }
 }
 
+/// A column of isclatency's text output: its header, its width (0: as
+/// long as the value) and its side.
+struct Column {
+    name: String,
+    width: usize,
+    left: bool,
+}
+
+impl Column {
+    fn left(name: impl Into<String>, width: usize) -> Column {
+        Column { name: name.into(), width, left: true }
+    }
+    fn right(name: impl Into<String>, width: usize) -> Column {
+        Column { name: name.into(), width, left: false }
+    }
+}
+
+/// One line: cells padded to their column's width, one space apart, no
+/// trailing blanks.
+fn render(cols: &[Column], cells: &[String]) -> String {
+    let mut line = String::with_capacity(128);
+    for (i, (col, cell)) in cols.iter().zip(cells).enumerate() {
+        if i > 0 {
+            line.push(' ');
+        }
+        let w = col.width.max(cell.chars().count());
+        let pad = w - cell.chars().count();
+        if col.left {
+            line.push_str(cell);
+            line.extend(std::iter::repeat_n(' ', pad));
+        } else {
+            line.extend(std::iter::repeat_n(' ', pad));
+            line.push_str(cell);
+        }
+    }
+    line.truncate(line.trim_end().len());
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,7 +243,7 @@ mod tests {
     use crate::kernel::headers::ScsiLayout;
     use std::path::Path;
 
-    fn view(have_sent: bool) -> LatencyView {
+    fn view(have_sent: bool, wide: bool, extended: bool) -> LatencyView {
         let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
         let plan = StagePlan {
             have_sent,
@@ -195,7 +251,19 @@ mod tests {
             have_rx: have_sent,
             ..StagePlan::assume_all(ScsiLayout::modern())
         };
-        LatencyView::new(Unit::Ms, false, true, &plan, Clock::start(), topo, None)
+        LatencyView::new(Unit::Ms, false, wide, extended, &plan, Clock::start(), topo, None)
+    }
+
+    /// The line's cells from a header name on (whitespace-separated).
+    fn cells(line: &str) -> Vec<String> {
+        line.split_whitespace().map(String::from).collect()
+    }
+
+    /// The cell under a header's column in a line (by the header's position).
+    fn cell(v: &LatencyView, line: &str, name: &str) -> String {
+        let h = cells(&v.header());
+        let i = h.iter().position(|c| c == name).unwrap_or_else(|| panic!("no column {name}"));
+        cells(line)[i].clone()
     }
 
     fn cmd(send: u64) -> Command {
@@ -224,10 +292,89 @@ mod tests {
     }
 
     #[test]
+    fn default_line_fits_100_columns_and_lines_up_with_its_header() {
+        let mut v = view(true, false, false);
+        assert_eq!(
+            cells(&v.header()),
+            [
+                "TIME(s)",
+                "COMM",
+                "PID",
+                "DISK",
+                "T",
+                "BYTES",
+                "WAIT(ms)",
+                "SEND(ms)",
+                "NET(ms)",
+                "TARGET(ms)",
+                "TOTAL(ms)"
+            ]
+        );
+        // Typical values at their widest: a 15-character kworker name, an
+        // hour into the run, 1 MiB, seconds-long stages.
+        let c = Command {
+            comm: "kworker/u16:10H".into(),
+            pid: 4_194_304,
+            bytes: 1 << 20,
+            ts_queue: v.clock.start_mono_ns() + 3_600_000_000_000,
+            wait: 1_234_567_890,
+            send: 1_234_567_890,
+            resp: 2_469_135_780,
+            split: Some((1_234_567_890, 1_234_567_890)),
+            total: 4_938_271_560,
+            ..cmd(0)
+        };
+        let line = v.row(&c);
+        assert!(line.len() <= 100, "{} columns: {line}", line.len());
+        // Every right-aligned cell ends where its header ends.
+        let header = v.header();
+        for name in ["PID", "BYTES", "WAIT(ms)", "NET(ms)", "TARGET(ms)", "TOTAL(ms)"] {
+            let end = header.find(name).unwrap() + name.len();
+            assert_eq!(line.as_bytes()[end - 1].is_ascii_digit(), true, "{name} misaligned:\n{header}\n{line}");
+            assert!(end == line.len() || line.as_bytes()[end] == b' ', "{name} misaligned:\n{header}\n{line}");
+        }
+        assert_eq!(cell(&v, &line, "COMM"), "kworker/u16:10", "COMM cut to 14 as biosnoop does");
+        assert_eq!(cell(&v, &line, "TOTAL(ms)"), "4938.272");
+    }
+
+    #[test]
+    fn wide_and_extended_columns() {
+        let v = view(true, true, false);
+        assert_eq!(
+            cells(&v.header()),
+            [
+                "TIME(s)",
+                "COMM",
+                "PID",
+                "SID:CID",
+                "DISK",
+                "LUN",
+                "T",
+                "BYTES",
+                "WAIT(ms)",
+                "SEND(ms)",
+                "RESP(ms)",
+                "NET(ms)",
+                "TARGET(ms)",
+                "TOTAL(ms)",
+                "RETX",
+                "RESULT"
+            ]
+        );
+        let e = view(true, false, true);
+        assert!(cells(&e.header()).ends_with(&["RESULT", "R2T", "TARGETNAME", "INITIATOR", "PORTAL"].map(String::from)));
+    }
+
+    #[test]
     fn send_known_and_unknown() {
-        let mut v = view(true);
+        let mut v = view(true, false, true);
         let line = v.row(&cmd(2_000_000));
-        assert!(line.contains(" 1.000      2.000      5.000      1.250       3.750      8.000    2 ok"), "{line}");
+        let got: Vec<String> =
+            ["WAIT(ms)", "SEND(ms)", "RESP(ms)", "NET(ms)", "TARGET(ms)", "TOTAL(ms)", "RETX", "RESULT"]
+                .iter()
+                .map(|n| cell(&v, &line, n))
+                .collect();
+        assert_eq!(got, ["1.000", "2.000", "5.000", "1.250", "3.750", "8.000", "2", "ok"], "{line}");
         let j: Vec<String> = v.json(&cmd(2_000_000)).split(',').map(String::from).collect();
         assert!(
             j.contains(&"\"send_ns\":2000000".to_string()) && j.contains(&"\"resp_ns\":5000000".to_string()),
@@ -242,19 +389,26 @@ mod tests {
         // A command that could not be split, and one whose socket was gone.
         let c = Command { split: None, retrans: None, ..cmd(2_000_000) };
         let line = v.row(&c);
-        assert!(line.contains(" 5.000          -           -      8.000    - ok"), "{line}");
+        let got: Vec<String> =
+            ["RESP(ms)", "NET(ms)", "TARGET(ms)", "TOTAL(ms)", "RETX"].iter().map(|n| cell(&v, &line, n)).collect();
+        assert_eq!(got, ["5.000", "-", "-", "8.000", "-"], "{line}");
         let j = v.json(&c);
         assert!(j.contains("\"net_ns\":null,\"target_ns\":null") && j.contains("\"retrans\":null"), "{j}");
         // A split that does not add up to RESP is never printed.
         let bad = Command { split: Some((4_000_000, 4_000_000)), ..cmd(2_000_000) };
-        assert!(v.row(&bad).contains(" 5.000          -           -"));
+        let line = v.row(&bad);
+        assert_eq!((cell(&v, &line, "NET(ms)"), cell(&v, &line, "TARGET(ms)")), ("-".into(), "-".into()), "{line}");
 
         // Without iscsi_tcp_task_xmit the C side leaves SEND at 0 and RESP
         // counts from PDU preparation: SEND is unknown, never 0.000.
-        let mut v = view(false);
+        let mut v = view(false, false, true);
         let line = v.row(&cmd(0));
-        assert!(line.contains(" 1.000          -      5.000          -           -      6.000    2 ok"), "{line}");
-        assert!(line.contains("   - iqn."), "R2T unknown too: {line}");
+        let got: Vec<String> =
+            ["WAIT(ms)", "SEND(ms)", "RESP(ms)", "NET(ms)", "TARGET(ms)", "TOTAL(ms)", "RETX", "RESULT", "R2T"]
+                .iter()
+                .map(|n| cell(&v, &line, n))
+                .collect();
+        assert_eq!(got, ["1.000", "-", "5.000", "-", "-", "6.000", "2", "ok", "-"], "R2T unknown too: {line}");
         let j = v.json(&cmd(0));
         assert!(
             j.contains("\"send_ns\":null") && j.contains("\"resp_ns\":5000000") && j.contains("\"r2t\":null"),

@@ -5,7 +5,7 @@
 use crate::cli::json;
 use crate::cli::output::Unit;
 use crate::iscsi::topology::Topology;
-use crate::stages::stats::{self, Conn, Row, RowKey, NET, SEND, STAGES, TARGET};
+use crate::stages::stats::{self, Conn, Row, RowKey, NET, SEND, STAGES, TARGET, TOTAL, WAIT};
 use std::collections::BTreeMap;
 
 /// What a report shows.
@@ -16,6 +16,10 @@ pub struct StatView {
     pub per_dir: bool,
     pub percentiles: bool,
     pub histograms: bool,
+    /// Every stage's average and maximum, and the target's name (else the
+    /// averages that explain TOTAL, TOTAL's maximum and RETX, in 100 columns).
+    pub wide: bool,
+    /// Wide, and the initiator and portal.
     pub extended: bool,
     pub json: bool,
     /// SEND told apart from RESP: else SEND is `-` / null, and has no
@@ -113,7 +117,12 @@ impl StatView {
             "{stamp}  interval {secs:.2}s{}",
             if lost > 0 { format!("  ({lost} events lost)") } else { String::new() }
         ));
-        let mut h = format!("{:<7} {:<11}", "SID:CID", "DISKS");
+        let wide = self.wide || self.extended;
+        let disks_w = if wide { 11 } else { 8 };
+        // The default columns: the averages of the stages that add up to
+        // TOTAL, then TOTAL's maximum.
+        let narrow = [(WAIT, 8), (SEND, 8), (NET, 8), (TARGET, 10), (TOTAL, 9)];
+        let mut h = format!("{:<7} {:<disks_w$}", "SID:CID", "DISKS");
         if self.per_lun {
             h.push_str(&format!(" {:>3}", "LUN"));
         }
@@ -121,14 +130,24 @@ impl StatView {
             h.push_str(" D");
         }
         h.push_str(&format!(" {:>8} {:>9}", "IOPS", "KB/s"));
-        for st in STAGES {
-            h.push_str(&format!(" {:>9} {:>9}", format!("{st}avg"), format!("max({u})")));
+        if wide {
+            for st in STAGES {
+                h.push_str(&format!(" {:>9} {:>9}", format!("{st}avg"), format!("max({u})")));
+            }
+            h.push_str(&format!(" {:>5} TARGETNAME", "RETX"));
+            if self.extended {
+                h.push_str(" INITIATOR PORTAL");
+            }
+        } else {
+            for (i, w) in narrow {
+                h.push_str(&format!(" {:>w$}", format!("{}({u})", STAGES[i])));
+            }
+            h.push_str(&format!(" {:>8} {:>4}", format!("MAX({u})"), "RETX"));
         }
-        h.push_str(&format!(" {:>5} TARGETNAME", "RETX"));
         lines.push(h);
         for (k, r) in rows {
             let (disks, target) = label(k);
-            let mut l = format!("{:<7} {:<11}", format!("{}:{}", k.sid, k.cid), disks);
+            let mut l = format!("{:<7} {:<disks_w$}", format!("{}:{}", k.sid, k.cid), disks);
             if self.per_lun {
                 l.push_str(&format!(" {:>3}", k.lun));
             }
@@ -136,14 +155,20 @@ impl StatView {
                 l.push_str(&format!(" {}", stats::dir_name(k.dir, true)));
             }
             l.push_str(&format!(" {:>8.1} {:>9.1}", r.count as f64 / secs, r.bytes as f64 / 1024.0 / secs));
-            for i in 0..STAGES.len() {
-                if self.row_has(r, i) {
-                    l.push_str(&format!(" {:>9} {:>9}", unit.fmt(r.avg(i)), unit.fmt(r.max[i])));
-                } else {
-                    l.push_str(&format!(" {:>9} {:>9}", "-", "-"));
+            let avg = |i: usize| if self.row_has(r, i) { unit.fmt(r.avg(i)) } else { "-".into() };
+            if wide {
+                for i in 0..STAGES.len() {
+                    let max = if self.row_has(r, i) { unit.fmt(r.max[i]) } else { "-".into() };
+                    l.push_str(&format!(" {:>9} {max:>9}", avg(i)));
                 }
+                l.push_str(&format!(" {:>5} {target}", retx(k)));
+            } else {
+                for (i, w) in narrow {
+                    l.push_str(&format!(" {:>w$}", avg(i)));
+                }
+                let max = if self.row_has(r, TOTAL) { unit.fmt(r.max[TOTAL]) } else { "-".into() };
+                l.push_str(&format!(" {max:>8} {:>4}", retx(k)));
             }
-            l.push_str(&format!(" {:>5} {target}", retx(k)));
             if self.extended {
                 let s = topo.session(k.sid);
                 l.push_str(&format!(
@@ -210,6 +235,7 @@ mod tests {
             per_dir: false,
             percentiles: true,
             histograms: true,
+            wide: true,
             extended: false,
             json,
             have_sent,
@@ -252,6 +278,41 @@ mod tests {
             known.contains("      1.0       1.5       2.0       3.0       3.0       4.5") && known.contains("SEND p50"),
             "{known}"
         );
+    }
+
+    #[test]
+    fn default_report_fits_100_columns_with_the_stages_that_explain_total() {
+        let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
+        let v = StatView { wide: false, per_dir: true, percentiles: false, histograms: false, ..view(true, false) };
+        let text = v.report(&topo, &rows(), &retx(), 2.0, "t", 0);
+        let header: Vec<&str> = text[1].split_whitespace().collect();
+        assert_eq!(
+            header,
+            [
+                "SID:CID",
+                "DISKS",
+                "D",
+                "IOPS",
+                "KB/s",
+                "WAIT(us)",
+                "SEND(us)",
+                "NET(us)",
+                "TARGET(us)",
+                "TOTAL(us)",
+                "MAX(us)",
+                "RETX"
+            ]
+        );
+        let row: Vec<&str> = text[2].split_whitespace().collect();
+        assert_eq!(&row[3..], ["1.0", "4.0", "1.0", "2.0", "4.0", "5.0", "6.0", "9.0", "3"], "{}", text[2]);
+        for l in &text {
+            assert!(l.len() <= 100, "{} columns: {l}", l.len());
+        }
+        // Each value ends under its header.
+        for name in ["IOPS", "KB/s", "TARGET(us)", "MAX(us)", "RETX"] {
+            let end = text[1].find(name).unwrap() + name.len();
+            assert!(text[2].as_bytes()[end - 1].is_ascii_digit(), "{name}:\n{}\n{}", text[1], text[2]);
+        }
     }
 
     #[test]

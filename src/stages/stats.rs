@@ -12,7 +12,9 @@ use std::time::Duration;
 /// Stage numbers of iscstat.c (STAGE_WAIT .. STAGE_TOTAL), in order.
 pub const STAGES: [&str; NSTAGES] = ["WAIT", "SEND", "RESP", "NET", "TARGET", "TOTAL"];
 pub const NSTAGES: usize = 6;
+pub const WAIT: usize = 0;
 pub const SEND: usize = 1;
+pub const RESP: usize = 2;
 pub const NET: usize = 3;
 pub const TARGET: usize = 4;
 pub const TOTAL: usize = 5;
@@ -254,7 +256,7 @@ impl Collector {
         *epoch ^= 1;
         let mut ep = bpf.table("epoch")?;
         ep.set(&mut slot.to_ne_bytes().to_vec(), &mut epoch.to_ne_bytes().to_vec())
-            .map_err(|e| Error::env(format!("cannot switch epoch: {e}")))?;
+            .map_err(|e| Error::bpf(format!("cannot switch epoch: {e}")))?;
         Ok(old)
     }
 
@@ -472,7 +474,8 @@ mod tests {
             assert!(ISCSTAT.contains(&format!("#define STAGE_{st} {i}\n")), "stage {st} is {i} in iscstat.c");
         }
         assert!(ISCSTAT.contains(&format!("#define STAGES {}\n", STAGES.len())));
-        assert_eq!((STAGES[SEND], STAGES[NET], STAGES[TARGET], STAGES[TOTAL]), ("SEND", "NET", "TARGET", "TOTAL"));
+        let named = [WAIT, SEND, RESP, NET, TARGET, TOTAL].map(|i| STAGES[i]);
+        assert_eq!(named, ["WAIT", "SEND", "RESP", "NET", "TARGET", "TOTAL"]);
     }
 
     #[test]
