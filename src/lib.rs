@@ -25,6 +25,8 @@ pub mod freeze;
 pub mod iscsi;
 pub mod kernel;
 pub mod stages;
+pub mod start;
 pub mod states;
+pub mod submit;
 
 pub use error::{Error, Result};

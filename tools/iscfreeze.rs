@@ -8,16 +8,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use storprototrace::bpf::events::FreezeEvent;
 use storprototrace::bpf::maps::{self, Counter};
-use storprototrace::bpf::runner::{self, Events, Stop};
 use storprototrace::cli::json;
-use storprototrace::cli::output::{self, Clock, Out, Unit};
+use storprototrace::cli::output::{Clock, Out, Unit};
 use storprototrace::cli::{self, Common, Threshold};
 use storprototrace::freeze::{self, DiskNamer, Ended, FreezePlan, Matcher, Total};
 use storprototrace::iscsi::blockdev::{self, BlockDevs};
 use storprototrace::kernel::headers::BlockLayout;
 use storprototrace::kernel::ksyms::{self, Ksyms};
 use storprototrace::kernel::types as kernel_types;
-use storprototrace::kernel::Kernel;
+use storprototrace::start::{Program, Startup, Tracer};
 use storprototrace::{error, Error, Result};
 
 const ABOUT: &str = "Trace request-queue freezes and quiesces of iSCSI disks (all disks with --all-disks).
@@ -71,7 +70,7 @@ fn main() {
 
 fn run(args: Args) -> Result<()> {
     let (min_us, unit) = args.threshold.resolve(0)?;
-    let duration = args.common.duration()?;
+    let s = Startup::new("iscfreeze", &args.common)?;
     if args.disk.is_some() && args.all_disks {
         return Err(Error::usage("--disk and --all-disks cannot be used together"));
     }
@@ -79,28 +78,22 @@ fn run(args: Args) -> Result<()> {
         blockdev::validate_disk_name("--disk", d)?;
     }
     let sys = Path::new("/sys");
-    let kernel = Kernel::detect();
-
-    if args.common.ebpf {
+    let ebpf = s.ebpf(|kernel| {
         if let Some(d) = &args.disk {
             BlockDevs::disk_dev(sys, "--disk", d)?;
         }
-        let (types, layout) = BlockLayout::choose(&kernel, freeze::PARTS);
+        let (types, layout) = BlockLayout::choose(kernel, freeze::PARTS);
         let layout = layout.unwrap_or_else(|_| BlockLayout::modern());
-        let plan = FreezePlan::choose(&kernel, layout).unwrap_or(FreezePlan {
+        let plan = FreezePlan::choose(kernel, layout).unwrap_or(FreezePlan {
             probes: vec![],
             notes: vec![],
             layout,
             ringbuf: true,
         });
-        let ringbuf = kernel.ringbuf || kernel.function_count() == 0;
-        println!(
-            "{}",
-            kernel_types::program(
-                types.as_ref().ok(),
-                &FreezePlan { ringbuf, ..plan }.render(min_us, !args.all_disks)?
-            )
-        );
+        let plan = FreezePlan { ringbuf: s.ebpf_ringbuf(), ..plan };
+        Ok(kernel_types::program(types.as_ref().ok(), &plan.render(min_us, !args.all_disks)?))
+    })?;
+    if ebpf {
         return Ok(());
     }
 
@@ -109,35 +102,28 @@ fn run(args: Args) -> Result<()> {
         Some(d) => Some(vec![(d.clone(), BlockDevs::disk_dev(sys, "--disk", d)?)]),
         None => None,
     };
-    runner::preflight(&kernel, wanted.is_none() && !args.all_disks)?;
+    s.preflight(wanted.is_none() && !args.all_disks)?;
     let wanted = match wanted {
         Some(w) => Some(w),
         None if args.all_disks => None,
         None => Some(blockdev::iscsi_disk_devs(sys, "", "; try --all-disks")?),
     };
-    let (types, layout) = BlockLayout::choose(&kernel, freeze::PARTS);
-    let layout = layout?;
-    let plan = FreezePlan::choose(&kernel, layout)?;
-    if args.common.verbose {
-        eprintln!("{}, {}", plan.describe(&kernel), kernel_types::describe(&types));
-        for p in &plan.probes {
-            eprintln!("probe {}", p.describe());
+    let (types, layout) = BlockLayout::choose(&s.kernel, freeze::PARTS);
+    let plan = FreezePlan::choose(&s.kernel, layout?)?;
+    let text = kernel_types::program(types.as_ref().ok(), &plan.render(min_us, wanted.is_some())?);
+    let program = Program {
+        describe: vec![format!("{}, {}", plan.describe(&s.kernel), kernel_types::describe(&types))],
+        notes: plan.notes.clone(),
+        ..Program::new(text, plan.probes.clone())
+    };
+    let (bpf, _links) = s.load(&program, |bpf| {
+        maps::check_sizes(bpf.table("totals")?, "totals", Total::KEY_SIZE, Total::SIZE)?;
+        if let Some(w) = &wanted {
+            let devs: Vec<u32> = w.iter().map(|(_, d)| *d).collect();
+            maps::fill_set(&mut bpf.table("disks")?, &devs, |d: u32| d.to_ne_bytes().to_vec())?;
         }
-    }
-    for n in &plan.notes {
-        eprintln!("iscfreeze: note: {n}");
-    }
-    let mut bpf =
-        runner::compile(&kernel, &kernel_types::program(types.as_ref().ok(), &plan.render(min_us, wanted.is_some())?))?;
-    maps::check_sizes(bpf.table("totals")?, "totals", Total::KEY_SIZE, Total::SIZE)?;
-    if let Some(w) = &wanted {
-        let mut set = bpf.table("disks")?;
-        let devs: Vec<u32> = w.iter().map(|(_, d)| *d).collect();
-        maps::fill_set(&mut set, &devs, |d: u32| d.to_ne_bytes().to_vec())?;
-    }
-    let _links = runner::attach(&mut bpf, &plan.probes, &Default::default())?;
-    let mut events = Events::open(&bpf, kernel.ringbuf)?;
-    let stop = Stop::install(duration)?;
+        Ok(())
+    })?;
     let mut view = View {
         json: args.common.json,
         timestamp: args.common.timestamp,
@@ -153,18 +139,15 @@ fn run(args: Args) -> Result<()> {
         shown: 0,
         malformed: 0,
     };
-    let mut out = Out::new();
     let scope = match &wanted {
         Some(w) => w.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(" "),
         None => "all disks".to_string(),
     };
     let amount = if unit == Unit::Ms { min_us / 1000 } else { min_us };
     let limit = if min_us == 0 { String::new() } else { format!(" of {amount} {} or more", unit.label()) };
-    output::status(
-        args.common.json,
-        &mut out,
-        &format!("Tracing queue freezes and quiesces{limit} on {scope}... Hit Ctrl-C to end."),
-    );
+    let mut events = s.events(&bpf)?;
+    let mut t = s.trace(&format!("queue freezes and quiesces{limit} on {scope}"))?;
+    let Tracer { stop, out, .. } = &mut t;
     if !args.common.json {
         out.line(&view.header());
     }
@@ -172,7 +155,7 @@ fn run(args: Args) -> Result<()> {
     while !stop.stopped() && !out.closed() {
         let recs = events.poll(stop.poll_ms(100));
         view.take(&recs, &mut stack_table);
-        view.print_ready(&mut out, false);
+        view.print_ready(out, false);
         out.flush();
     }
     // Waiters wake after the unfreeze: give the last ones a moment.
@@ -181,11 +164,11 @@ fn run(args: Args) -> Result<()> {
         while Instant::now() < until && !view.matcher.is_empty() {
             let recs = events.poll(50);
             view.take(&recs, &mut stack_table);
-            view.print_ready(&mut out, false);
+            view.print_ready(out, false);
         }
         let recs = events.poll(0);
         view.take(&recs, &mut stack_table);
-        view.print_ready(&mut out, true);
+        view.print_ready(out, true);
     }
     out.flush();
 
@@ -230,7 +213,7 @@ fn run(args: Args) -> Result<()> {
             "{} freezes/quiesces shown, {still} still frozen or quiesced, {lost} events lost",
             view.shown
         ));
-        output::summary(args.common.json, &mut out, &lines);
+        t.finish(&lines);
     }
     Ok(())
 }

@@ -5,12 +5,13 @@
 
 use clap::Parser;
 use storprototrace::bpf::events::Command;
-use storprototrace::bpf::runner::{self, Events, Stop};
+use storprototrace::bpf::runner;
 use storprototrace::bpf::templates;
-use storprototrace::cli::output::{self, Clock, Out, Unit};
+use storprototrace::cli::output::{Clock, Unit};
 use storprototrace::cli::{self, Common, Threshold};
 use storprototrace::stages::filters::Filters;
-use storprototrace::stages::latency_view::LatencyView;
+use storprototrace::stages::latency_view::{Columns, LatencyView};
+use storprototrace::start::{Startup, Tracer};
 use storprototrace::{error, stages, Result};
 
 const ABOUT: &str = "Trace iSCSI commands slower than a threshold, with where their time went.
@@ -60,36 +61,33 @@ fn main() {
 fn run(args: Args) -> Result<()> {
     let (min_us, unit) = args.threshold.resolve(10)?;
     args.filters.validate()?;
-    let duration = args.common.duration()?;
+    let s = Startup::new("isclatency", &args.common)?;
     let values = [("MIN_US", min_us.into()), ("WHO", true.into())];
-    let Some(t) = stages::start("isclatency", &args.common, &args.filters, templates::ISCLATENCY, &values)? else {
+    let Some(t) = stages::start(&s, &args.filters, templates::ISCLATENCY, &values)? else {
         return Ok(());
     };
-    let mut events = Events::open(&t.bpf, t.kernel.ringbuf)?;
-    let stop = Stop::install(duration)?;
-    let mut out = Out::new();
+    let mut events = s.events(&t.bpf)?;
     let mut view = LatencyView::new(
         unit,
         args.common.timestamp,
-        args.wide,
-        args.extended,
+        Columns::from_flags(args.wide, args.extended),
         &t.plan,
         Clock::start(),
         t.topo.clone(),
         Some("/sys".into()),
     );
-
     let what = if min_us == 0 {
         "all iSCSI commands".to_string()
     } else {
         format!("iSCSI commands slower than {} {}", if unit == Unit::Ms { min_us / 1000 } else { min_us }, unit.label())
     };
-    output::status(args.common.json, &mut out, &format!("Tracing {what}... Hit Ctrl-C to end."));
+    let mut tracer = s.trace(&what)?;
+    let Tracer { stop, out, .. } = &mut tracer;
     if !args.common.json {
         out.line(&view.header());
     }
     let (mut shown, mut malformed) = (0u64, 0u64);
-    runner::print_events(&mut events, &stop, &mut out, |rec, out| {
+    runner::print_events(&mut events, stop, out, |rec, out| {
         let Some(cmd) = Command::parse(rec) else {
             malformed += 1;
             return true;
@@ -99,7 +97,6 @@ fn run(args: Args) -> Result<()> {
         shown += ok as u64;
         ok
     });
-    let line = format!("{shown} commands shown, {}", t.untimed_summary(malformed)?);
-    output::summary(args.common.json, &mut out, &[line]);
+    tracer.finish(&[format!("{shown} commands shown, {}", t.untimed_summary(malformed)?)]);
     Ok(())
 }

@@ -6,9 +6,8 @@ use clap::Parser;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use storprototrace::bpf::maps::{self, Counter};
-use storprototrace::bpf::runner::Stop;
 use storprototrace::bpf::templates;
-use storprototrace::cli::output::{self, Clock, Out, Unit};
+use storprototrace::cli::output::{self, Clock, Unit};
 use storprototrace::cli::textfile;
 use storprototrace::cli::{self, Common};
 use storprototrace::iscsi::topology::Topology;
@@ -17,6 +16,7 @@ use storprototrace::stages::filters::Filters;
 use storprototrace::stages::prom;
 use storprototrace::stages::stat_view::StatView;
 use storprototrace::stages::stats::{self, Collector, Row, RowKey};
+use storprototrace::start::{Startup, Tracer};
 use storprototrace::{error, stages, Error, Result};
 
 const EXAMPLES: &str = "examples:
@@ -98,7 +98,8 @@ fn run(args: Args) -> Result<()> {
         return Err(Error::usage("count must be at least 1"));
     }
     args.filters.validate()?;
-    let duration = args.common.duration()?;
+    let mut s = Startup::new("iscstat", &args.common)?;
+    s.quiet = args.common.json || args.quiet;
     if let Some(p) = &args.prom_file {
         textfile::check_writable(p)?;
     }
@@ -118,20 +119,15 @@ fn run(args: Args) -> Result<()> {
         ("FINE_HIST", fine.into()),
         ("WHO", false.into()),
     ];
-    let Some(t) = stages::start("iscstat", &args.common, &args.filters, templates::ISCSTAT, &values)? else {
+    let Some(t) = stages::start(&s, &args.filters, templates::ISCSTAT, &values)? else {
         return Ok(());
     };
     stats::check_maps(&t.bpf)?;
     let mut collector = Collector::new()?;
-    let stop = Stop::install(duration)?;
     let clock = Clock::start();
-    let mut out = Out::new();
     let listening = exporter.as_ref().map(|e| format!(", metrics at http://{}/metrics", e.addr)).unwrap_or_default();
-    output::status(
-        args.common.json || args.quiet,
-        &mut out,
-        &format!("Tracing iSCSI commands{listening}... Hit Ctrl-C to end."),
-    );
+    let mut tracer = s.trace(&format!("iSCSI commands{listening}"))?;
+    let Tracer { stop, out, .. } = &mut tracer;
     let view = StatView {
         unit: if args.ms { Unit::Ms } else { Unit::Us },
         per_lun: args.per_lun,
@@ -208,10 +204,6 @@ fn run(args: Args) -> Result<()> {
         }
     }
     // Said on stderr where stdout is JSON or off (-q).
-    output::summary(
-        args.common.json || args.quiet,
-        &mut out,
-        &[format!("{counted} commands counted, {}", t.untimed_summary(0)?)],
-    );
+    tracer.finish(&[format!("{counted} commands counted, {}", t.untimed_summary(0)?)]);
     Ok(())
 }

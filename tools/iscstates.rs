@@ -6,14 +6,13 @@ use clap::Parser;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use storprototrace::bpf::maps::{self, Counter};
-use storprototrace::bpf::runner::{self, Events, Stop};
-use storprototrace::cli::output::{self, Clock, Out};
+use storprototrace::cli::output::Clock;
 use storprototrace::cli::textfile;
 use storprototrace::cli::{self, Common};
 use storprototrace::iscsi::topology::Topology;
 use storprototrace::kernel::types as kernel_types;
-use storprototrace::kernel::Kernel;
 use storprototrace::stages::filters::Filters;
+use storprototrace::start::{Program, Startup, Tracer};
 use storprototrace::states::{self, Held, Kind, SessionInfo, Shown, StateEvent, StatesPlan, Tracker};
 use storprototrace::{error, Result};
 
@@ -73,17 +72,16 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
-    let duration = args.common.duration()?;
+    let s = Startup::new("iscstates", &args.common)?;
     let filters = Filters { sid: args.sid, target: args.target.clone(), ..Default::default() };
     filters.validate()?;
     let target_re = filters.target_regex()?;
-    let kernel = Kernel::detect();
-    let types = kernel_types::from_btf_dir(&kernel.btf_dir, states::PARTS, kernel_types::ISCSI_MODULES);
-
-    if args.common.ebpf {
-        let plan = StatesPlan::choose(&kernel).unwrap_or_else(|_| StatesPlan::assume_all());
-        let ringbuf = kernel.ringbuf || kernel.function_count() == 0;
-        println!("{}", kernel_types::program(types.as_ref().ok(), &plan.render(ringbuf)?));
+    let types = kernel_types::from_btf_dir(&s.kernel.btf_dir, states::PARTS, kernel_types::ISCSI_MODULES);
+    let ebpf = s.ebpf(|kernel| {
+        let plan = StatesPlan::choose(kernel).unwrap_or_else(|_| StatesPlan::assume_all());
+        Ok(kernel_types::program(types.as_ref().ok(), &plan.render(s.ebpf_ringbuf())?))
+    })?;
+    if ebpf {
         return Ok(());
     }
     let sys = Path::new("/sys");
@@ -92,29 +90,24 @@ fn run(args: Args) -> Result<()> {
     if let Some(p) = &args.prom_file {
         textfile::check_writable(p)?;
     }
-    runner::preflight(&kernel, true)?;
-    let plan = StatesPlan::choose(&kernel)?;
-    if args.common.verbose {
-        eprintln!(
-            "kernel {}: functions from {:?}, ring buffer: {}, {}, kprobes (control paths only)",
-            kernel.release,
-            kernel.source,
-            kernel.ringbuf,
-            kernel_types::describe(&types)
-        );
-        for p in &plan.probes {
-            eprintln!("probe {}", p.describe());
-        }
-        eprintln!("probe raw_tracepoint:block_rq_complete -> rq_done (attached at the first failure)");
-    }
-    for n in &plan.notes {
-        eprintln!("iscstates: note: {n}");
-    }
-    let mut bpf = runner::compile(&kernel, &kernel_types::program(types.as_ref().ok(), &plan.render(kernel.ringbuf)?))?;
-    let _links = runner::attach(&mut bpf, &plan.probes, &Default::default())?;
-    let mut events = Events::open(&bpf, kernel.ringbuf)?;
-    let stop = Stop::install(duration)?;
-
+    s.preflight(true)?;
+    let plan = StatesPlan::choose(&s.kernel)?;
+    let k = &s.kernel;
+    let program = Program {
+        describe: vec![
+            format!(
+                "kernel {}: functions from {:?}, ring buffer: {}, {}, kprobes (control paths only)",
+                k.release,
+                k.source,
+                k.ringbuf,
+                kernel_types::describe(&types)
+            ),
+            "probe raw_tracepoint:block_rq_complete -> rq_done (attached at the first failure)".into(),
+        ],
+        notes: plan.notes.clone(),
+        ..Program::new(kernel_types::program(types.as_ref().ok(), &plan.render(k.ringbuf)?), plan.probes.clone())
+    };
+    let (mut bpf, _links) = s.load(&program, |_| Ok(()))?;
     let mut view = View {
         sessions: Sessions::new(sys, &topo),
         tracker: Tracker::new(plan.have_flush, plan.have_requeue),
@@ -127,9 +120,10 @@ fn run(args: Args) -> Result<()> {
     for s in &topo.sessions {
         view.tracker.known(s.sid, &s.state);
     }
-    let mut out = Out::new();
     let json = args.common.json;
-    output::status(json, &mut out, "Tracing iSCSI session and connection events... Hit Ctrl-C to end.");
+    let mut events = s.events(&bpf)?;
+    let mut t = s.trace("iSCSI session and connection events")?;
+    let Tracer { stop, out, .. } = &mut t;
     if !json {
         out.line(&Shown::header(args.common.timestamp));
     }
@@ -191,7 +185,7 @@ fn run(args: Args) -> Result<()> {
             lines.push(format!("still in recovery at exit (not in the totals): session {}", open.join(", ")));
         }
         lines.push(format!("{} events shown, {lost} events lost", view.shown));
-        output::summary(json, &mut out, &lines);
+        t.finish(&lines);
     }
     Ok(())
 }

@@ -9,14 +9,32 @@ use crate::stages::StagePlan;
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// Which columns a text line has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Columns {
+    /// What explains a slow command, in 100 columns.
+    Default,
+    /// Every column: also the session, LUN, RESP, retransmits and result.
+    Wide,
+    /// Wide, and the R2T count, target, initiator and portal.
+    Extended,
+}
+
+impl Columns {
+    pub fn from_flags(wide: bool, extended: bool) -> Columns {
+        match (wide, extended) {
+            (_, true) => Columns::Extended,
+            (true, false) => Columns::Wide,
+            _ => Columns::Default,
+        }
+    }
+}
+
 /// What the lines show, and how to name disks and sessions.
 pub struct LatencyView {
     pub unit: Unit,
     pub timestamp: bool,
-    /// Every column (session, LUN, RESP, retransmits, result).
-    pub wide: bool,
-    /// Wide, and the R2T count, target, initiator and portal.
-    pub extended: bool,
+    pub columns: Columns,
     /// SEND told apart from RESP (else SEND is `-` / null).
     pub have_sent: bool,
     /// R2Ts counted (else `-` / null).
@@ -34,8 +52,7 @@ impl LatencyView {
     pub fn new(
         unit: Unit,
         timestamp: bool,
-        wide: bool,
-        extended: bool,
+        columns: Columns,
         plan: &StagePlan,
         clock: Clock,
         topo: Topology,
@@ -44,8 +61,7 @@ impl LatencyView {
         LatencyView {
             unit,
             timestamp,
-            wide,
-            extended,
+            columns,
             have_sent: plan.have_sent,
             have_r2t: plan.have_r2t,
             have_rx: plan.have_rx,
@@ -86,7 +102,7 @@ impl LatencyView {
     /// the R2T count, target, initiator and portal (and implies wide).
     fn columns(&self) -> Vec<Column> {
         let u = self.unit.label();
-        let wide = self.wide || self.extended;
+        let wide = self.columns != Columns::Default;
         let time = if self.timestamp { Column::left("TIME", 12) } else { Column::left("TIME(s)", 11) };
         let mut c = vec![time, Column::left("COMM", if wide { 16 } else { 14 }), Column::right("PID", 7)];
         if wide {
@@ -109,7 +125,7 @@ impl LatencyView {
         if wide {
             c.extend([Column::right("RETX", 4), Column::left("RESULT", 0)]);
         }
-        if self.extended {
+        if self.columns == Columns::Extended {
             c.extend([
                 Column::right("R2T", 3),
                 Column::left("TARGETNAME", 0),
@@ -251,7 +267,7 @@ mod tests {
             have_rx: have_sent,
             ..StagePlan::assume_all(ScsiLayout::modern())
         };
-        LatencyView::new(Unit::Ms, false, wide, extended, &plan, Clock::start(), topo, None)
+        LatencyView::new(Unit::Ms, false, Columns::from_flags(wide, extended), &plan, Clock::start(), topo, None)
     }
 
     /// The line's cells from a header name on (whitespace-separated).
@@ -330,7 +346,7 @@ mod tests {
         let header = v.header();
         for name in ["PID", "BYTES", "WAIT(ms)", "NET(ms)", "TARGET(ms)", "TOTAL(ms)"] {
             let end = header.find(name).unwrap() + name.len();
-            assert_eq!(line.as_bytes()[end - 1].is_ascii_digit(), true, "{name} misaligned:\n{header}\n{line}");
+            assert!(line.as_bytes()[end - 1].is_ascii_digit(), "{name} misaligned:\n{header}\n{line}");
             assert!(end == line.len() || line.as_bytes()[end] == b' ', "{name} misaligned:\n{header}\n{line}");
         }
         assert_eq!(cell(&v, &line, "COMM"), "kworker/u16:10", "COMM cut to 14 as biosnoop does");

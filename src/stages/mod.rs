@@ -14,13 +14,13 @@ pub mod stats;
 use crate::bpf::fentry::{Resolver, Targets};
 use crate::bpf::runner::{Links, Probe, ProbeKind};
 use crate::bpf::templates::{self, Template, Value};
-use crate::cli::Common;
 use crate::error::{Error, Result};
 use crate::iscsi::topology::Topology;
 use crate::kernel::headers::{self, ScsiLayout};
 use crate::kernel::types::{self as kernel_types, KernelTypes};
 use crate::kernel::Kernel;
 use crate::stages::filters::{Filters, KernelFilter};
+use crate::start::{Program, Startup};
 
 pub const QUEUECOMMAND: &str = "iscsi_queuecommand";
 pub const PREP: &str = "iscsi_prep_scsi_cmd_pdu";
@@ -226,38 +226,30 @@ impl StagePlan {
         (plan, None, targets)
     }
 
-    /// Say once at start what this kernel cannot give; with -v, every probe.
-    pub fn announce(&self, tool: &str, kernel: &Kernel, verbose: bool) {
-        if verbose {
-            eprintln!(
-                "kernel {}: functions from {:?}, ring buffer: {}, {}, task lookup: {:?}, CDB {}, {}",
-                kernel.release,
-                kernel.source,
-                kernel.ringbuf,
-                if self.types.is_some() {
-                    "kernel types from BTF".to_string()
-                } else {
-                    format!(
-                        "kernel types from the headers ({}){}",
-                        self.why_headers.as_deref().unwrap_or("no BTF"),
-                        if self.net_offsets.is_some() { ", the socket's offsets from vmlinux BTF" } else { "" }
-                    )
-                },
-                self.scsi.task_lookup,
-                if self.scsi.cdb_pointer { "via sc->cmnd pointer" } else { "in sc->cmnd[]" },
-                if self.fentry {
-                    "fentry/fexit".to_string()
-                } else {
-                    format!("kprobes ({})", self.why_kprobes.as_deref().unwrap_or("fentry not tried"))
-                }
-            );
-            for p in &self.probes {
-                eprintln!("probe {}", p.describe());
-            }
-        }
-        for n in &self.notes {
-            eprintln!("{tool}: note: {n}");
-        }
+    /// What -v says of the kernel and of this plan (before the probes).
+    pub fn describe(&self, kernel: &Kernel) -> Vec<String> {
+        let types = if self.types.is_some() {
+            "kernel types from BTF".to_string()
+        } else {
+            format!(
+                "kernel types from the headers ({}){}",
+                self.why_headers.as_deref().unwrap_or("no BTF"),
+                if self.net_offsets.is_some() { ", the socket's offsets from vmlinux BTF" } else { "" }
+            )
+        };
+        let mechanism = if self.fentry {
+            "fentry/fexit".to_string()
+        } else {
+            format!("kprobes ({})", self.why_kprobes.as_deref().unwrap_or("fentry not tried"))
+        };
+        vec![format!(
+            "kernel {}: functions from {:?}, ring buffer: {}, {types}, task lookup: {:?}, CDB {}, {mechanism}",
+            kernel.release,
+            kernel.source,
+            kernel.ringbuf,
+            self.scsi.task_lookup,
+            if self.scsi.cdb_pointer { "via sc->cmnd pointer" } else { "in sc->cmnd[]" },
+        )]
     }
 }
 
@@ -316,7 +308,6 @@ fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, too
 
 /// A stage tool, compiled, attached and tracing.
 pub struct Tracing {
-    pub kernel: Kernel,
     pub topo: Topology,
     pub plan: StagePlan,
     pub filter: KernelFilter,
@@ -375,31 +366,31 @@ impl Tracing {
     }
 }
 
-/// The start-up of isclatency and iscstat. With --ebpf: print the program
-/// and return None (no root, no iSCSI needed). Else the checks (a filter
-/// naming nothing is the user's mistake and is said first; then root,
-/// headers, modules, sessions), the probe plan, compile and attach: fentry
-/// as planned, and if the kernel refuses the real programs, kprobes after
-/// all (said once).
+/// The start-up of isclatency and iscstat on [`Startup`]'s path. With
+/// --ebpf: print the program and return None (no root, no iSCSI needed).
+/// Else the checks (a filter naming nothing is the user's mistake and is
+/// said first; then root, headers, modules, sessions), the probe plan,
+/// compile and attach: fentry as planned, and if the kernel refuses the
+/// real programs, kprobes after all (said once).
 pub fn start(
-    tool: &str,
-    common: &Common,
+    s: &Startup,
     filters: &Filters,
     tool_part: &str,
     tool_values: &[(&'static str, Value)],
 ) -> Result<Option<Tracing>> {
-    let kernel = Kernel::detect();
+    let kernel = &s.kernel;
     let topo = Topology::read(std::path::Path::new("/sys"))?;
-    if common.ebpf {
-        let (plan, filter) = plan_for_ebpf(&kernel, &topo, filters, tool_part)?;
-        let ringbuf = kernel.ringbuf || kernel.function_count() == 0;
-        println!("{}", render(tool_part, &plan, &filter, ringbuf, tool_values)?);
+    let ebpf = s.ebpf(|kernel| {
+        let (plan, filter) = plan_for_ebpf(kernel, &topo, filters, tool_part)?;
+        render(tool_part, &plan, &filter, s.ebpf_ringbuf(), tool_values)
+    })?;
+    if ebpf {
         return Ok(None);
     }
     if filters.any_session_filter() {
         filters.resolve(&topo)?;
     }
-    crate::bpf::runner::preflight(&kernel, true)?;
+    s.preflight(true)?;
     if topo.sessions.is_empty() {
         return Err(Error::no_sessions());
     }
@@ -407,34 +398,35 @@ pub fn start(
     // vmlinux's and the modules' BTF, read once for the types and fentry.
     let mut resolver = if kernel.btf { Resolver::new(&kernel.btf_dir).ok() } else { None };
     let Layout { scsi, types, why_headers, net_offsets } =
-        layout(&kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
-    let plan = StagePlan { types, why_headers, net_offsets, ..StagePlan::choose(&kernel, scsi)? };
-    let (mut plan, why_kprobes, targets) = plan.prefer_fentry(&kernel, resolver);
+        layout(kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
+    let plan = StagePlan { types, why_headers, net_offsets, ..StagePlan::choose(kernel, scsi)? };
+    let (mut plan, why_kprobes, targets) = plan.prefer_fentry(kernel, resolver);
     plan.why_kprobes = why_kprobes;
-    plan.announce(tool, &kernel, common.verbose);
-
-    let load = |plan: &StagePlan| -> Result<(bcc::BPF, Result<Links>)> {
-        let mut bpf =
-            crate::bpf::runner::compile(&kernel, &render(tool_part, plan, &filter, kernel.ringbuf, tool_values)?)?;
-        filter.load_sets(&bpf)?;
-        let links = crate::bpf::runner::attach(&mut bpf, &plan.probes, &targets);
-        Ok((bpf, links))
+    let program = |plan: &StagePlan, targets: Targets| -> Result<Program> {
+        Ok(Program {
+            targets,
+            describe: plan.describe(kernel),
+            notes: plan.notes.clone(),
+            ..Program::new(render(tool_part, plan, &filter, kernel.ringbuf, tool_values)?, plan.probes.clone())
+        })
     };
-    let (mut bpf, mut links) = load(&plan)?;
+    let first = program(&plan, targets)?;
+    s.announce(&first);
+    let (mut bpf, mut links) = s.try_load(&first, |bpf| filter.load_sets(bpf))?;
     if let (Err(e), true) = (&links, plan.fentry) {
-        eprintln!("{tool}: note: {e}; using kprobes instead");
+        eprintln!("{}: note: {e}; using kprobes instead", s.tool);
         drop(bpf);
         plan = StagePlan {
             why_kprobes: Some(e.to_string()),
             types: plan.types.clone(),
             why_headers: plan.why_headers.clone(),
             net_offsets: plan.net_offsets,
-            ..StagePlan::choose(&kernel, plan.scsi)?
+            ..StagePlan::choose(kernel, plan.scsi)?
         };
-        (bpf, links) = load(&plan)?;
+        (bpf, links) = s.try_load(&program(&plan, Targets::default())?, |bpf| filter.load_sets(bpf))?;
     }
     let links = links?;
-    Ok(Some(Tracing { kernel, topo, plan, filter, bpf, links }))
+    Ok(Some(Tracing { topo, plan, filter, bpf, links }))
 }
 
 /// What `--ebpf` renders, with neither root nor iSCSI: the plan for the
