@@ -3,7 +3,7 @@
  * (the raw tracepoint block_rq_complete: errors and the longest request
  * held up, per SCSI host) is attached by user space at the first failure,
  * never while sessions are healthy.
- * Kernel facts: ../shared/KERNEL-NOTES-2.md section B. */
+ * The kernel functions probed per kernel: docs/kernels.md. */
 /* Kernel types read (from BTF or the headers, as in common.h):
  * @struct iscsi_cls_conn dd_data cid
  * @struct iscsi_conn session stop_stage

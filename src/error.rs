@@ -32,32 +32,41 @@ pub enum Error {
     Template(String),
 }
 
+/// The result of everything that can fail in this crate.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// A bad flag value or combination.
     pub fn usage(msg: impl Into<String>) -> Self {
         Error::Usage(msg.into())
     }
+    /// A filter that names nothing or does not parse.
     pub fn filter(msg: impl Into<String>) -> Self {
         Error::Filter(msg.into())
     }
+    /// A system file or interface that could not be read or written.
     pub fn io(msg: impl Into<String>) -> Self {
         Error::Io(msg.into())
     }
+    /// The BPF program or its maps failed.
     pub fn bpf(msg: impl Into<String>) -> Self {
         Error::Bpf(msg.into())
     }
+    /// The kernel types a program reads are not to be had.
     pub fn kernel_types(msg: impl Into<String>) -> Self {
         Error::KernelTypes(msg.into())
     }
+    /// No kernel headers where BCC looks for them, and no BTF to use instead.
     pub fn no_headers(path: &str) -> Self {
         Error::KernelTypes(format!(
             "kernel headers not found at {path}: install linux-headers-$(uname -r) (Debian/Ubuntu) or kernel-devel (RHEL), or point BCC_KERNEL_SOURCE at them"
         ))
     }
+    /// No iSCSI session is logged in.
     pub fn no_sessions() -> Self {
         Error::NoSessions("no iSCSI session is logged in: log in with iscsiadm -m node -T <iqn> -p <portal> -l".into())
     }
+    /// The running kernel can trace none of `candidates`, which carry `what`.
     pub fn missing_probe(what: &str, candidates: &[&str]) -> Self {
         Error::MissingProbe(format!(
             "this kernel offers no probe point for {what} (none of {} is traceable)",
@@ -71,6 +80,7 @@ impl Error {
             _ => 1,
         }
     }
+    /// The one line said to the user.
     pub fn message(&self) -> &str {
         match self {
             Error::NotRoot => "must be run as root (eBPF programs need CAP_BPF and CAP_PERFMON): try sudo",

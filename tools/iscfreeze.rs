@@ -6,15 +6,14 @@ use clap::Parser;
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use storprototrace::bpf::events::FreezeEvent;
 use storprototrace::bpf::maps::{self, Counter};
-use storprototrace::cli::json;
-use storprototrace::cli::output::{Clock, Out, Unit};
+use storprototrace::cli::output::{Clock, Unit};
 use storprototrace::cli::{self, Common, Threshold};
-use storprototrace::freeze::{self, DiskNamer, Ended, FreezePlan, Matcher, Total};
+use storprototrace::freeze::view::{self, FreezeView};
+use storprototrace::freeze::{self, DiskNamer, FreezePlan, Matcher, Total};
 use storprototrace::iscsi::blockdev::{self, BlockDevs};
 use storprototrace::kernel::headers::BlockLayout;
-use storprototrace::kernel::ksyms::{self, Ksyms};
+use storprototrace::kernel::ksyms::Ksyms;
 use storprototrace::kernel::types as kernel_types;
 use storprototrace::start::{Program, Startup, Tracer};
 use storprototrace::{error, Error, Result};
@@ -124,7 +123,7 @@ fn run(args: Args) -> Result<()> {
         }
         Ok(())
     })?;
-    let mut view = View {
+    let mut view = FreezeView {
         json: args.common.json,
         timestamp: args.common.timestamp,
         unit,
@@ -182,33 +181,7 @@ fn run(args: Args) -> Result<()> {
         maps::entries(&mut totals, 1 << 12).iter().filter_map(|(k, v)| Total::parse(k, v)).collect();
     let per_disk = freeze::summarise(&totals, &mut view.namer);
     if !out.closed() {
-        let u = unit;
-        let mut lines = vec![format!(
-            "{:<8} {:>7} {:>12} {:>8} {:>12} {:>12} {:>8} {:>12}",
-            "DISK",
-            "FREEZES",
-            format!("FROZEN({})", u.label()),
-            "DELAYED",
-            format!("WAITED({})", u.label()),
-            format!("MAXWAIT({})", u.label()),
-            "QUIESCES",
-            format!("QUIESCED({})", u.label())
-        )];
-        for (d, r) in &per_disk {
-            lines.push(format!(
-                "{d:<8} {:>7} {:>12} {:>8} {:>12} {:>12} {:>8} {:>12}",
-                r.freezes,
-                u.fmt(r.frozen_ns),
-                r.delayed,
-                u.fmt(r.waited_ns),
-                u.fmt(r.max_wait_ns),
-                r.quiesces,
-                u.fmt(r.quiesced_ns)
-            ));
-        }
-        if per_disk.is_empty() {
-            lines.push("(no freeze or quiesce seen)".into());
-        }
+        let mut lines = view::summary_table(&per_disk, unit);
         lines.push(format!(
             "{} freezes/quiesces shown, {still} still frozen or quiesced, {lost} events lost",
             view.shown
@@ -216,111 +189,4 @@ fn run(args: Args) -> Result<()> {
         t.finish(&lines);
     }
     Ok(())
-}
-
-struct View {
-    json: bool,
-    timestamp: bool,
-    unit: Unit,
-    clock: Clock,
-    ksyms: Ksyms,
-    namer: DiskNamer,
-    matcher: Matcher,
-    shown: u64,
-    malformed: u64,
-}
-
-impl View {
-    fn take(&mut self, recs: &[Vec<u8>], stacks: &mut bcc::table::Table) {
-        let now = Instant::now();
-        for b in recs {
-            let Some(r) = FreezeEvent::parse(b) else {
-                self.malformed += 1;
-                continue;
-            };
-            if r.ty == FreezeEvent::TYPE_WAIT {
-                self.matcher.wait(&r, now);
-                continue;
-            }
-            let Some((disk, _)) = self.namer.disk(r.dev, &r.disk) else { continue };
-            let mut stack = Vec::new();
-            if r.stack >= 0 {
-                let mut key = (r.stack as u32).to_ne_bytes().to_vec();
-                if let Ok(v) = stacks.get(&mut key) {
-                    stack = ksyms::stack_addrs(&v).into_iter().map(|a| self.ksyms.resolve(a)).collect();
-                }
-            }
-            self.matcher.ended(r, disk, stack, now);
-        }
-    }
-
-    /// Print freezes whose waiters have all reported (or after 1 s, or at the end).
-    fn print_ready(&mut self, out: &mut Out, all: bool) {
-        for (p, waits) in self.matcher.ready(all, Instant::now()) {
-            for l in self.lines(&p, &waits) {
-                out.line(&l);
-            }
-            self.shown += 1;
-        }
-    }
-
-    fn header(&self) -> String {
-        let u = self.unit.label();
-        let time = if self.timestamp { "TIME" } else { "TIME(s)" };
-        format!(
-            "{time:<14} {:<7} {:<8} {:<16} {:>7} {:>12} {:>7} {:>12} {:>12}",
-            "KIND",
-            "DISK",
-            "COMM",
-            "PID",
-            format!("FROZEN({u})"),
-            "WAITERS",
-            format!("MAXWAIT({u})"),
-            format!("WAITED({u})")
-        )
-    }
-
-    fn lines(&self, p: &Ended, waits: &[u64]) -> Vec<String> {
-        let r = &p.rec;
-        let u = self.unit;
-        let time =
-            if self.timestamp { self.clock.wall(r.start) } else { format!("{:.6}", self.clock.since_start(r.start)) };
-        let freeze = r.kind == FreezeEvent::KIND_FREEZE;
-        let kind = if freeze { "freeze" } else { "quiesce" };
-        let frozen = r.end.saturating_sub(r.start);
-        let max = waits.iter().copied().max().unwrap_or(0);
-        let total: u64 = waits.iter().sum();
-        if self.json {
-            let o = json::Object::new()
-                .str("time", &time)
-                .str("kind", kind)
-                .str("disk", &p.disk)
-                .str("comm", &r.comm)
-                .num("pid", r.pid)
-                .num("tid", r.tid)
-                .num("start_ns", r.start)
-                .num("end_ns", r.end)
-                .num("frozen_ns", frozen);
-            let o = if freeze {
-                o.num("waiters", r.value)
-                    .num("waits_seen", waits.len())
-                    .num("wait_max_ns", max)
-                    .num("wait_total_ns", total)
-            } else {
-                o.null("waiters").null("waits_seen").null("wait_max_ns").null("wait_total_ns")
-            };
-            return vec![o.str("stack", &p.stack.join(";")).finish()];
-        }
-        let (n, mx, tot) =
-            if freeze { (r.value.to_string(), u.fmt(max), u.fmt(total)) } else { ("-".into(), "-".into(), "-".into()) };
-        let mut v = vec![format!(
-            "{time:<14} {kind:<7} {:<8} {:<16} {:>7} {:>12} {n:>7} {mx:>12} {tot:>12}",
-            p.disk,
-            r.comm,
-            r.pid,
-            u.fmt(frozen)
-        )];
-        v.extend(p.stack.iter().map(|s| format!("        {s}")));
-        v
-    }
 }

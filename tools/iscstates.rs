@@ -3,7 +3,6 @@
 //! failure held up.
 
 use clap::Parser;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use storprototrace::bpf::maps::{self, Counter};
 use storprototrace::cli::output::Clock;
@@ -13,7 +12,8 @@ use storprototrace::iscsi::topology::Topology;
 use storprototrace::kernel::types as kernel_types;
 use storprototrace::stages::filters::Filters;
 use storprototrace::start::{Program, Startup, Tracer};
-use storprototrace::states::{self, Held, Kind, SessionInfo, Shown, StateEvent, StatesPlan, Tracker};
+use storprototrace::states::view::{Sessions, StatesView};
+use storprototrace::states::{self, Kind, SessionInfo, Shown, StateEvent, StatesPlan, Tracker};
 use storprototrace::{error, Result};
 
 const ABOUT: &str = "Trace iSCSI session and connection state changes: failures, recovery, logout and login.
@@ -108,7 +108,7 @@ fn run(args: Args) -> Result<()> {
         ..Program::new(kernel_types::program(types.as_ref().ok(), &plan.render(k.ringbuf)?), plan.probes.clone())
     };
     let (mut bpf, _links) = s.load(&program, |_| Ok(()))?;
-    let mut view = View {
+    let mut view = StatesView {
         sessions: Sessions::new(sys, &topo),
         tracker: Tracker::new(plan.have_flush, plan.have_requeue),
         rq_attached: None,
@@ -131,7 +131,7 @@ fn run(args: Args) -> Result<()> {
         args.sid.map(|s| s == sid).unwrap_or(true)
             && target_re.as_ref().map(|re| re.is_match(&info.target)).unwrap_or(true)
     };
-    let write_prom = |view: &View| -> Result<()> {
+    let write_prom = |view: &StatesView| -> Result<()> {
         match &args.prom_file {
             Some(p) => {
                 textfile::write_atomically(p, &states::prom_text(&view.tracker.totals, &|sid| view.sessions.info(sid)))
@@ -188,136 +188,4 @@ fn run(args: Args) -> Result<()> {
         t.finish(&lines);
     }
     Ok(())
-}
-
-struct View {
-    sessions: Sessions,
-    tracker: Tracker,
-    /// block_rq_complete: None not yet, Some(false) could not attach.
-    rq_attached: Option<bool>,
-    ncpus: usize,
-    clock: Clock,
-    malformed: u64,
-    shown: u64,
-}
-
-impl View {
-    fn take(&mut self, bpf: &mut bcc::BPF, e: &StateEvent) -> Option<Shown> {
-        let opens = matches!(e.kind, Kind::ConnError | Kind::Block)
-            || (e.kind == Kind::ConnStop && e.code == states::STOP_RECOVER);
-        if opens && self.rq_attached.is_none() {
-            let r = bcc::RawTracepoint::new().handler("rq_done").tracepoint("block_rq_complete").attach(bpf);
-            if let Err(err) = &r {
-                eprintln!("iscstates: note: cannot attach raw tracepoint block_rq_complete ({err}): failed commands and LONGEST show '-'");
-            }
-            self.rq_attached = Some(r.is_ok());
-        }
-        let host = self.sessions.host(e.sid);
-        // The window of the episode, for the requests it holds up: opened
-        // at its first event, closed at the unblock.
-        let window = match (self.tracker.episodes.get(&e.sid), e.kind) {
-            (None, _) if opens => {
-                if let Some(h) = host {
-                    self.fold_host(bpf, h, e.sid);
-                }
-                Some(Held::open(e.ts))
-            }
-            (Some(ep), Kind::Unblock) => Some(Held { from: ep.start, until: e.ts }),
-            _ => None,
-        };
-        if let (Some(h), Some(w), Some(true)) = (host, window, self.rq_attached) {
-            if let Ok(mut t) = bpf.table("held") {
-                let _ = t.set(&mut h.to_ne_bytes().to_vec(), &mut w.to_bytes());
-            }
-        }
-        let errors = match (opens || e.kind == Kind::Unblock, self.rq_attached, host) {
-            (true, Some(true), Some(h)) => self.errors(bpf, h),
-            _ => None,
-        };
-        self.tracker.take(e, errors)
-    }
-
-    /// I/O errors so far on SCSI host `host` (one per iSCSI session).
-    fn errors(&self, bpf: &bcc::BPF, host: u32) -> Option<u64> {
-        let mut t = bpf.table("rq_errors").ok()?;
-        Some(t.get(&mut host.to_ne_bytes().to_vec()).map(|v| maps::first_u64(&v)).unwrap_or(0))
-    }
-
-    /// The longest request the last episode of `host` held up, into the
-    /// session's totals; the slot starts again for the next episode.
-    fn fold_host(&mut self, bpf: &bcc::BPF, host: u32, sid: u32) {
-        let Ok(mut t) = bpf.table("held_longest") else { return };
-        let key = host.to_ne_bytes();
-        if let Some(v) = maps::percpu_get(&mut t, &key, self.ncpus) {
-            let longest = states::percpu_max(&v, self.ncpus);
-            let total = self.tracker.totals.entry(sid).or_default();
-            total.longest_held_ns = Some(total.longest_held_ns.unwrap_or(0).max(longest));
-            maps::delete(&mut t, &key);
-        }
-    }
-
-    /// At exit: every session's last episode.
-    fn fold_longest(&mut self, bpf: &bcc::BPF) {
-        let sids: Vec<u32> = self.tracker.totals.keys().copied().collect();
-        for sid in sids {
-            if let Some(h) = self.sessions.host(sid) {
-                self.fold_host(bpf, h, sid);
-            }
-        }
-    }
-}
-
-/// Names and SCSI host of each session, from sysfs; kept after a session
-/// is gone (its logout is shown after sysfs dropped it).
-struct Sessions {
-    sys: PathBuf,
-    known: HashMap<u32, (SessionInfo, u32)>,
-}
-
-impl Sessions {
-    fn new(sys: &Path, topo: &Topology) -> Sessions {
-        let mut s = Sessions { sys: sys.to_path_buf(), known: HashMap::new() };
-        s.learn(topo);
-        s
-    }
-
-    fn learn(&mut self, topo: &Topology) {
-        for s in &topo.sessions {
-            self.known.insert(s.sid, (SessionInfo { target: s.target.clone(), portal: s.portal() }, s.host));
-        }
-    }
-
-    fn refresh(&mut self) {
-        if let Ok(t) = Topology::read(&self.sys) {
-            self.learn(&t);
-        }
-    }
-
-    fn info(&self, sid: u32) -> SessionInfo {
-        self.known.get(&sid).map(|k| k.0.clone()).unwrap_or_default()
-    }
-
-    /// As `info`, reading sysfs again for a session not seen yet (a login).
-    fn lookup(&mut self, sid: u32) -> SessionInfo {
-        if !self.known.contains_key(&sid) {
-            self.refresh();
-        }
-        self.info(sid)
-    }
-
-    /// The session's SCSI host (one per iSCSI session).
-    fn host(&mut self, sid: u32) -> Option<u32> {
-        if !self.known.contains_key(&sid) {
-            self.refresh();
-        }
-        self.known.get(&sid).map(|k| k.1)
-    }
-
-    fn sid_of_host(&mut self, host: u32) -> Option<u32> {
-        let find = |k: &HashMap<u32, (SessionInfo, u32)>| k.iter().find(|(_, v)| v.1 == host).map(|(s, _)| *s);
-        find(&self.known).or_else(|| {
-            self.refresh();
-            find(&self.known)
-        })
-    }
 }

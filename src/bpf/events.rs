@@ -44,10 +44,14 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A SCSI command's data direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
+    /// Data from the target (READ and the like).
     Read,
+    /// Data to the target (WRITE and the like).
     Write,
+    /// No data, or both ways (TEST UNIT READY, SYNCHRONIZE CACHE, ...).
     Other,
 }
 

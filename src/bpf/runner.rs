@@ -69,7 +69,7 @@ pub fn preflight(kernel: &Kernel, need_iscsi: bool) -> Result<()> {
 /// diagnostics itself.
 pub fn compile(kernel: &Kernel, text: &str) -> Result<BPF> {
     // What start-up read and freed (kallsyms, BTF, sysfs) goes back to the
-    // kernel before clang's peak, instead of under it (issue 14: peak RSS).
+    // kernel before clang's peak, instead of under it (the peak RSS of a start is clang's).
     unsafe { libc::malloc_trim(0) };
     bcc::BPFBuilder::new(text).and_then(|b| b.cflags(&kernel.cflags)).and_then(|b| b.build()).map_err(|e| {
         Error::bpf(format!("BPF program failed to compile or load ({e}); the compiler's messages are above"))

@@ -3,7 +3,9 @@
 //! matching the submitters that waited to the freeze they waited for, and
 //! the per-disk summary from the kernel's totals. The C side is
 //! bpf_templates/iscfreeze.c; its event record is
-//! [`crate::bpf::events::FreezeEvent`].
+//! [`crate::bpf::events::FreezeEvent`]; its lines are in [`view`].
+
+pub mod view;
 
 use crate::bpf::events::{FreezeEvent, Reader};
 use crate::bpf::runner::Probe;

@@ -179,7 +179,7 @@ pub fn require_root() -> Result<()> {
 /// Traceable functions and the module of each (None: vmlinux), sorted by
 /// name in one string: about 30 bytes per function where a map of owned
 /// strings took about 100 (50,000-120,000 functions, held while clang
-/// compiles: issue 14, peak RSS). A name listed twice keeps its last module.
+/// compiles, it is part of the peak RSS). A name listed twice keeps its last module.
 #[derive(Debug, Clone, Default)]
 pub struct Functions {
     text: String,

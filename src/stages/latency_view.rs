@@ -72,7 +72,7 @@ impl LatencyView {
         }
     }
 
-    fn disk(&mut self, c: &Command) -> String {
+    pub(crate) fn disk_of(&mut self, c: &Command) -> String {
         if let Some(d) = self.topo.disk_name(c.host, c.channel, c.id, c.lun) {
             return d.to_string();
         }
@@ -153,7 +153,7 @@ impl LatencyView {
                 "COMM" => c.comm.chars().take(col.width).collect(),
                 "PID" => c.pid.to_string(),
                 "SID:CID" => format!("{}:{}", c.sid, c.cid),
-                "DISK" => self.disk(c),
+                "DISK" => self.disk_of(c),
                 "LUN" => c.lun.to_string(),
                 "T" => c.dir.letter().to_string(),
                 "BYTES" => c.bytes.to_string(),
@@ -177,12 +177,12 @@ impl LatencyView {
 
     /// NET and TARGET where known: never more than RESP (the C side
     /// guarantees it; a record that says otherwise is shown as unknown).
-    fn split(&self, c: &Command) -> Option<(u64, u64)> {
+    pub(crate) fn split(&self, c: &Command) -> Option<(u64, u64)> {
         c.split.filter(|(n, t)| self.have_rx && n.checked_add(*t) == Some(c.resp))
     }
 
     pub fn json(&mut self, c: &Command) -> String {
-        let disk = self.disk(c);
+        let disk = self.disk_of(c);
         let s = self.topo.session(c.sid);
         json::Object::new()
             .str("time", &self.time(c))

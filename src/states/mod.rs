@@ -1,8 +1,10 @@
 //! iscstates' logic: which kernel functions carry each session and
 //! connection event, the template values, the event record, and the
 //! episodes (failure .. unblock) with what they did to I/O, per session.
-//! The C side is bpf_templates/iscstates.c; kernel facts are in
-//! ../shared/KERNEL-NOTES-2.md section B.
+//! The C side is bpf_templates/iscstates.c; the kernel functions it
+//! probes per kernel are in docs/kernels.md.
+
+pub mod view;
 
 use crate::bpf::events::Reader;
 use crate::bpf::runner::Probe;
