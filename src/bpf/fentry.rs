@@ -64,7 +64,7 @@ pub struct Resolver {
 
 impl Resolver {
     pub fn new(root: &std::path::Path) -> Result<Resolver> {
-        Ok(Resolver { btf: Loaded::open(root).map_err(Error::bpf)?, fds: Default::default() })
+        Ok(Resolver { btf: Loaded::open(root)?, fds: Default::default() })
     }
 
     /// The BTF read so far, to write kernel types from.
@@ -84,8 +84,7 @@ impl Resolver {
         };
         let btf_id = self
             .btf
-            .module(m)
-            .map_err(Error::bpf)?
+            .module(m)?
             .find_func(function)
             .ok_or_else(|| Error::bpf(format!("{function} is not in the BTF of module {m}")))?;
         if !self.fds.contains_key(m) {

@@ -5,6 +5,7 @@
 //! counted, so every type record must be understood: a kind not known here,
 //! a record cut short or bytes left over make the whole blob an error, never
 //! a shorter count (which would shift module ids onto the wrong function).
+use crate::error::{Error, Result};
 
 const MAGIC: u16 = 0xeb9f;
 const KIND_FUNC: u32 = 12;
@@ -96,22 +97,25 @@ fn extra_bytes(kind: u32, vlen: usize) -> Option<usize> {
 impl Btf {
     /// `base` is vmlinux's BTF when `blob` is a module's split BTF. The
     /// error is a one-line reason.
-    pub fn parse(blob: &[u8], base: Option<&Btf>) -> Result<Btf, String> {
+    pub fn parse(blob: &[u8], base: Option<&Btf>) -> Result<Btf> {
         if u16_at(blob, 0) != Some(MAGIC) {
-            return Err(format!("not BTF (no magic {MAGIC:#x})"));
+            return Err(Error::kernel_types(format!("not BTF (no magic {MAGIC:#x})")));
         }
         match blob.get(2) {
             Some(1) => {}
-            Some(v) => return Err(format!("BTF version {v}, not 1")),
-            None => return Err("BTF header cut short".into()),
+            Some(v) => return Err(Error::kernel_types(format!("BTF version {v}, not 1"))),
+            None => return Err(Error::kernel_types("BTF header cut short")),
         }
-        let field = |off| u32_at(blob, off).map(|v| v as usize).ok_or("BTF header cut short");
+        let field =
+            |off| u32_at(blob, off).map(|v| v as usize).ok_or_else(|| Error::kernel_types("BTF header cut short"));
         let hdr_len = field(4)?;
         if hdr_len < 24 || hdr_len > blob.len() {
-            return Err(format!("BTF header length {hdr_len} (blob of {} bytes)", blob.len()));
+            return Err(Error::kernel_types(format!("BTF header length {hdr_len} (blob of {} bytes)", blob.len())));
         }
-        let types = section(blob, hdr_len, field(8)?, field(12)?).ok_or("BTF type section outside the blob")?;
-        let strings = section(blob, hdr_len, field(16)?, field(20)?).ok_or("BTF string section outside the blob")?;
+        let types = section(blob, hdr_len, field(8)?, field(12)?)
+            .ok_or_else(|| Error::kernel_types("BTF type section outside the blob"))?;
+        let strings = section(blob, hdr_len, field(16)?, field(20)?)
+            .ok_or_else(|| Error::kernel_types("BTF string section outside the blob"))?;
         let (first_id, base_strings) = base.map_or((1, &[][..]), |b| (b.last_id + 1, &b.strings[..]));
         let mut funcs = Vec::new();
         let mut starts = Vec::new();
@@ -120,14 +124,21 @@ impl Btf {
             let (Some(name_off), Some(info), Some(_)) =
                 (u32_at(types, off), u32_at(types, off + 4), u32_at(types, off + 8))
             else {
-                return Err(format!("type section has {} bytes left over after type id {}", types.len() - off, id - 1));
+                return Err(Error::kernel_types(format!(
+                    "type section has {} bytes left over after type id {}",
+                    types.len() - off,
+                    id - 1
+                )));
             };
             let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
-            let extra = extra_bytes(kind, vlen).ok_or_else(|| format!("unknown BTF kind {kind} at type id {id}"))?;
+            let extra = extra_bytes(kind, vlen)
+                .ok_or_else(|| Error::kernel_types(format!("unknown BTF kind {kind} at type id {id}")))?;
             starts.push(off as u32);
             off += 12 + extra;
             if off > types.len() {
-                return Err(format!("type id {id} (kind {kind}) runs past the end of the type section"));
+                return Err(Error::kernel_types(format!(
+                    "type id {id} (kind {kind}) runs past the end of the type section"
+                )));
             }
             if kind == KIND_FUNC {
                 let n = name_off as usize;
@@ -174,18 +185,20 @@ pub struct Loaded {
 
 impl Loaded {
     /// The error is a one-line reason.
-    pub fn open(root: &std::path::Path) -> Result<Loaded, String> {
+    pub fn open(root: &std::path::Path) -> Result<Loaded> {
         let blob = std::fs::read(root.join("vmlinux"))
-            .map_err(|e| format!("no kernel BTF ({}/vmlinux: {e})", root.display()))?;
-        let vmlinux = Btf::parse(&blob, None).map_err(|e| format!("vmlinux BTF: {e}"))?;
+            .map_err(|e| Error::kernel_types(format!("no kernel BTF ({}/vmlinux: {e})", root.display())))?;
+        let vmlinux = Btf::parse(&blob, None).map_err(|e| Error::kernel_types(format!("vmlinux BTF: {e}")))?;
         Ok(Loaded { root: root.to_path_buf(), vmlinux, modules: Default::default() })
     }
 
     /// Module `m`'s BTF, read on first use.
-    pub fn module(&mut self, m: &str) -> Result<&Btf, String> {
+    pub fn module(&mut self, m: &str) -> Result<&Btf> {
         if !self.modules.contains_key(m) {
-            let blob = std::fs::read(self.root.join(m)).map_err(|e| format!("module {m} has no BTF ({e})"))?;
-            let btf = Btf::parse(&blob, Some(&self.vmlinux)).map_err(|e| format!("BTF of module {m}: {e}"))?;
+            let blob = std::fs::read(self.root.join(m))
+                .map_err(|e| Error::kernel_types(format!("module {m} has no BTF ({e})")))?;
+            let btf = Btf::parse(&blob, Some(&self.vmlinux))
+                .map_err(|e| Error::kernel_types(format!("BTF of module {m}: {e}")))?;
             self.modules.insert(m.to_string(), btf);
         }
         Ok(&self.modules[m])
@@ -193,7 +206,7 @@ impl Loaded {
 
     /// vmlinux, then each of `modules` that has BTF (one built into the
     /// kernel has its types in vmlinux's), to look types up in.
-    pub fn views(&mut self, modules: &[&str]) -> Result<Vec<View<'_>>, String> {
+    pub fn views(&mut self, modules: &[&str]) -> Result<Vec<View<'_>>> {
         let present: Vec<&str> =
             modules.iter().copied().filter(|m| self.modules.contains_key(*m) || self.root.join(m).exists()).collect();
         for m in &present {
@@ -404,28 +417,32 @@ mod tests {
     #[test]
     fn rejects_unknown_kinds() {
         for kind in [0, 20, 25, 31] {
-            let e = Btf::parse(&blob(&[("int", 1, 0), ("x", kind, 0), ("f", 12, 0)], 0), None).err();
+            let e =
+                Btf::parse(&blob(&[("int", 1, 0), ("x", kind, 0), ("f", 12, 0)], 0), None).err().map(|e| e.to_string());
             assert_eq!(e.as_deref(), Some(&*format!("unknown BTF kind {kind} at type id 2")));
         }
         // In split BTF the id is counted from the base's.
         let base = Btf::parse(&blob(&[("int", 1, 0), ("f", 12, 0)], 0), None).unwrap();
         let module = blob(&[("g", 12, 0), ("x", 25, 0)], base.string_bytes());
-        assert_eq!(Btf::parse(&module, Some(&base)).err().as_deref(), Some("unknown BTF kind 25 at type id 4"));
+        assert_eq!(
+            Btf::parse(&module, Some(&base)).err().map(|e| e.to_string()).as_deref(),
+            Some("unknown BTF kind 25 at type id 4")
+        );
     }
 
     #[test]
     fn rejects_a_record_cut_short_or_bytes_left_over() {
         let (t, s) = sections(&[("int", 1, 0), ("task", 4, 3)], 0);
-        let e = Btf::parse(&wrap(&t[..t.len() - 4], &s), None).err();
+        let e = Btf::parse(&wrap(&t[..t.len() - 4], &s), None).err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some("type id 2 (kind 4) runs past the end of the type section"));
-        let e = Btf::parse(&wrap(&t[..16 + 8], &s), None).err();
+        let e = Btf::parse(&wrap(&t[..16 + 8], &s), None).err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some("type section has 8 bytes left over after type id 1"));
         let mut long = t.clone();
         long.extend_from_slice(&[0; 7]);
-        let e = Btf::parse(&wrap(&long, &s), None).err();
+        let e = Btf::parse(&wrap(&long, &s), None).err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some("type section has 7 bytes left over after type id 2"));
         long.extend_from_slice(&[0; 5]); // 12 zero bytes read as a record of kind 0
-        let e = Btf::parse(&wrap(&long, &s), None).err();
+        let e = Btf::parse(&wrap(&long, &s), None).err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some("unknown BTF kind 0 at type id 3"));
     }
 
@@ -436,7 +453,7 @@ mod tests {
         let bad = |at: usize, v: &[u8]| {
             let mut b = good.clone();
             b[at..at + v.len()].copy_from_slice(v);
-            Btf::parse(&b, None).err().unwrap()
+            Btf::parse(&b, None).err().unwrap().to_string()
         };
         assert!(bad(0, &[0x9f, 0x9f]).contains("magic"), "bad magic");
         assert!(bad(2, &[2]).contains("version"), "version 2");

@@ -124,7 +124,7 @@ impl BlockLayout {
     /// The kernel types of a program of template `parts` from BTF where
     /// the kernel has it (Err: why not), and the layout they or else the
     /// headers give.
-    pub fn choose(kernel: &Kernel, parts: &[&str]) -> (std::result::Result<KernelTypes, String>, Result<BlockLayout>) {
+    pub fn choose(kernel: &Kernel, parts: &[&str]) -> (Result<KernelTypes>, Result<BlockLayout>) {
         let types = crate::kernel::types::from_btf_dir(&kernel.btf_dir, parts, &[]);
         let layout = match &types {
             Ok(t) => Ok(BlockLayout::from_types(t)),

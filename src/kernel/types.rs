@@ -22,6 +22,7 @@
 //! express here (a bitfield, a missing type or member) is
 //! an error with its reason, and the caller compiles the headers instead.
 
+use crate::error::{Error, Result};
 use crate::kernel::btf::{self, Loaded, View};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
@@ -51,17 +52,17 @@ fn is_ident(s: &str) -> bool {
 
 impl Spec {
     /// The `@struct`/`@enum` lines of a program's text, merged by struct.
-    pub fn parse(text: &str) -> Result<Spec, String> {
+    pub fn parse(text: &str) -> Result<Spec> {
         let mut spec = Spec::default();
         for line in text.lines() {
             let l = line.trim_start().trim_start_matches('*').trim_start_matches("//").trim();
             let mut words = l.split_whitespace();
             match words.next() {
                 Some("@struct") => {
-                    let name = words.next().ok_or_else(|| format!("`{l}`: no struct name"))?;
+                    let name = words.next().ok_or_else(|| Error::kernel_types(format!("`{l}`: no struct name")))?;
                     let (name, optional) = name.strip_suffix('?').map_or((name, false), |n| (n, true));
                     if !is_ident(name) {
-                        return Err(format!("`{l}`: bad struct name"));
+                        return Err(Error::kernel_types(format!("`{l}`: bad struct name")));
                     }
                     let at = match spec.structs.iter().position(|s| s.name == name) {
                         Some(i) => i,
@@ -85,7 +86,7 @@ impl Spec {
                         let (path, opt) = w.strip_suffix('?').map_or((w, false), |p| (p, true));
                         let path: Vec<String> = path.split('.').map(str::to_string).collect();
                         if !path.iter().all(|p| is_ident(p)) {
-                            return Err(format!("`{l}`: bad member `{w}`"));
+                            return Err(Error::kernel_types(format!("`{l}`: bad member `{w}`")));
                         }
                         if !s.members.iter().any(|(p, _)| *p == path) {
                             s.members.push((path, opt));
@@ -95,7 +96,7 @@ impl Spec {
                 Some("@enum") => {
                     for w in words {
                         if !is_ident(w) {
-                            return Err(format!("`{l}`: bad constant `{w}`"));
+                            return Err(Error::kernel_types(format!("`{l}`: bad constant `{w}`")));
                         }
                         if !spec.constants.iter().any(|c| c == w) {
                             spec.constants.push(w.into());
@@ -116,9 +117,9 @@ pub const ISCSI_MODULES: &[&str] = &["libiscsi", "libiscsi_tcp", "scsi_transport
 /// The kernel types the template `parts` read, from the running kernel's
 /// BTF (`modules`: where to look after vmlinux; one without BTF is
 /// skipped); Err says why not, and the program compiles the headers.
-pub fn from_btf(btf: &mut Loaded, parts: &[&str], modules: &[&str]) -> Result<KernelTypes, String> {
+pub fn from_btf(btf: &mut Loaded, parts: &[&str], modules: &[&str]) -> Result<KernelTypes> {
     if std::env::var_os("STORPROTOTRACE_HEADERS").is_some() {
-        return Err("STORPROTOTRACE_HEADERS is set".into());
+        return Err(Error::kernel_types("STORPROTOTRACE_HEADERS is set"));
     }
     let spec = Spec::parse(&parts.join("\n"))?;
     KernelTypes::write(&spec, &btf.views(modules)?)
@@ -138,21 +139,24 @@ pub const NET_MEMBERS: [(&str, &str, &str); 3] = [
 ];
 
 /// The byte offsets of `NET_MEMBERS`, in order, from vmlinux's BTF.
-pub fn net_offsets(btf: &mut Loaded) -> Result<[u32; 3], String> {
+pub fn net_offsets(btf: &mut Loaded) -> Result<[u32; 3]> {
     let views = btf.views(&[])?;
     offsets(&views, &NET_MEMBERS.map(|(_, s, m)| (s, m)))
 }
 
 /// The byte offsets of `(struct, member)` pairs in `views`.
-fn offsets<const N: usize>(views: &[View], members: &[(&str, &str); N]) -> Result<[u32; N], String> {
+fn offsets<const N: usize>(views: &[View], members: &[(&str, &str); N]) -> Result<[u32; N]> {
     let index = Index::new(views);
     let mut out = [0u32; N];
     for (o, (s, m)) in out.iter_mut().zip(members) {
-        let &(view, id) =
-            index.structs.get(s.as_bytes()).ok_or_else(|| format!("struct {s} is not in the kernel's BTF"))?;
-        let member = find_member(&view, &view.members(id), m).ok_or_else(|| format!("struct {s} has no member {m}"))?;
+        let &(view, id) = index
+            .structs
+            .get(s.as_bytes())
+            .ok_or_else(|| Error::kernel_types(format!("struct {s} is not in the kernel's BTF")))?;
+        let member = find_member(&view, &view.members(id), m)
+            .ok_or_else(|| Error::kernel_types(format!("struct {s} has no member {m}")))?;
         if member.bitfield_size != 0 || member.bit_offset % 8 != 0 {
-            return Err(format!("{s}.{m} is a bitfield"));
+            return Err(Error::kernel_types(format!("{s}.{m} is a bitfield")));
         }
         *o = member.bit_offset / 8;
     }
@@ -160,12 +164,12 @@ fn offsets<const N: usize>(views: &[View], members: &[(&str, &str); N]) -> Resul
 }
 
 /// `from_btf` with the BTF files under `dir` (`/sys/kernel/btf`).
-pub fn from_btf_dir(dir: &std::path::Path, parts: &[&str], modules: &[&str]) -> Result<KernelTypes, String> {
+pub fn from_btf_dir(dir: &std::path::Path, parts: &[&str], modules: &[&str]) -> Result<KernelTypes> {
     from_btf(&mut Loaded::open(dir)?, parts, modules)
 }
 
 /// Where the kernel types came from, for -v.
-pub fn describe(types: &Result<KernelTypes, String>) -> String {
+pub fn describe(types: &Result<KernelTypes>) -> String {
     match types {
         Ok(_) => "kernel types from BTF".into(),
         Err(why) => format!("kernel types from the headers ({why})"),
@@ -202,7 +206,7 @@ impl KernelTypes {
 
     /// The definitions for `spec`, the types looked up in `views` in order
     /// (vmlinux first, then modules' split BTF).
-    pub fn write(spec: &Spec, views: &[View]) -> Result<KernelTypes, String> {
+    pub fn write(spec: &Spec, views: &[View]) -> Result<KernelTypes> {
         let mut out = String::from(
             "/* Kernel types from the running kernel's BTF (src/kernel/types.rs). */\n#define BTF_TYPES 1\n",
         );
@@ -214,9 +218,9 @@ impl KernelTypes {
                 if s.optional {
                     continue;
                 }
-                return Err(format!("struct {} is not in the kernel's BTF", s.name));
+                return Err(Error::kernel_types(format!("struct {} is not in the kernel's BTF", s.name)));
             };
-            let t = view.get(id).ok_or("BTF type vanished")?;
+            let t = view.get(id).ok_or_else(|| Error::kernel_types("BTF type vanished"))?;
             let tag = if t.kind == btf::KIND_UNION { "union" } else { "struct" };
             let mut paths: Vec<(Vec<String>, bool)> = s.members.clone();
             if s.all {
@@ -244,7 +248,10 @@ impl KernelTypes {
         if !spec.constants.is_empty() {
             out.push_str("enum {\n");
             for c in &spec.constants {
-                let v = index.constants.get(c.as_bytes()).ok_or_else(|| format!("{c} is not in the kernel's BTF"))?;
+                let v = index
+                    .constants
+                    .get(c.as_bytes())
+                    .ok_or_else(|| Error::kernel_types(format!("{c} is not in the kernel's BTF")))?;
                 writeln!(out, "    {c} = {v},").ok();
             }
             out.push_str("};\n");
@@ -316,8 +323,8 @@ impl Writer<'_, '_> {
         base: u32,
         members: &[(Vec<String>, bool)],
         depth: usize,
-    ) -> Result<String, String> {
-        let t = self.view.get(id).ok_or("BTF type vanished")?;
+    ) -> Result<String> {
+        let t = self.view.get(id).ok_or_else(|| Error::kernel_types("BTF type vanished"))?;
         let all = self.view.members(id);
         let ind = "    ".repeat(depth);
         let mut out = format!("{ind}union {{\n");
@@ -339,10 +346,10 @@ impl Writer<'_, '_> {
                 if optional {
                     continue;
                 }
-                return Err(format!("{} has no member {first}", path.replace('.', "::")));
+                return Err(Error::kernel_types(format!("{} has no member {first}", path.replace('.', "::"))));
             };
             if m.bitfield_size != 0 || m.bit_offset % 8 != 0 {
-                return Err(format!("{here} is a bitfield"));
+                return Err(Error::kernel_types(format!("{here} is a bitfield")));
             }
             let byte = m.bit_offset / 8;
             let pad = if byte > 0 {
@@ -352,14 +359,14 @@ impl Writer<'_, '_> {
                 String::new()
             };
             if !sub.is_empty() && members.iter().any(|(p, _)| p.len() == 1 && p[0] == first) {
-                return Err(format!("{here}: read whole and by member"));
+                return Err(Error::kernel_types(format!("{here}: read whole and by member")));
             }
             let decl = if sub.is_empty() {
                 self.decl(m.type_id, first, &here)?
             } else {
-                let (sid, st) = strip(&self.view, m.type_id).ok_or("BTF type vanished")?;
+                let (sid, st) = strip(&self.view, m.type_id).ok_or_else(|| Error::kernel_types("BTF type vanished"))?;
                 if st.kind != btf::KIND_STRUCT && st.kind != btf::KIND_UNION {
-                    return Err(format!("{here} is not a struct"));
+                    return Err(Error::kernel_types(format!("{here} is not a struct")));
                 }
                 let inner = self.body(sid, &here, base + byte, &sub, depth + 2)?;
                 format!("struct {{\n{inner}{ind}    }} {first}")
@@ -381,12 +388,12 @@ impl Writer<'_, '_> {
     }
 
     /// `type name` for a member read whole.
-    fn decl(&mut self, type_id: u32, name: &str, here: &str) -> Result<String, String> {
-        let (_, t) = strip(&self.view, type_id).ok_or("BTF type vanished")?;
+    fn decl(&mut self, type_id: u32, name: &str, here: &str) -> Result<String> {
+        let (_, t) = strip(&self.view, type_id).ok_or_else(|| Error::kernel_types("BTF type vanished"))?;
         match t.kind {
-            btf::KIND_INT => {
-                int_name(&t).map(|ty| format!("{ty} {name}")).ok_or_else(|| format!("{here}: an integer of odd width"))
-            }
+            btf::KIND_INT => int_name(&t)
+                .map(|ty| format!("{ty} {name}"))
+                .ok_or_else(|| Error::kernel_types(format!("{here}: an integer of odd width"))),
             btf::KIND_ENUM | btf::KIND_ENUM64 => {
                 let ty = match (t.size_or_type, t.kind_flag) {
                     (1, _) => "unsigned char",
@@ -395,7 +402,7 @@ impl Writer<'_, '_> {
                     (4, true) => "int",
                     (8, false) => "unsigned long long",
                     (8, true) => "long long",
-                    _ => return Err(format!("{here}: an enum of {} bytes", t.size_or_type)),
+                    _ => return Err(Error::kernel_types(format!("{here}: an enum of {} bytes", t.size_or_type))),
                 };
                 Ok(format!("{ty} {name}"))
             }
@@ -421,7 +428,7 @@ impl Writer<'_, '_> {
             }
             // Read whole (its address taken, its bytes copied): opaque.
             btf::KIND_STRUCT | btf::KIND_UNION => Ok(format!("struct {{ char __opaque[{}]; }} {name}", t.size_or_type)),
-            k => Err(format!("{here}: BTF kind {k} not written here")),
+            k => Err(Error::kernel_types(format!("{here}: BTF kind {k} not written here"))),
         }
     }
 }
@@ -611,7 +618,7 @@ mod tests {
         (vmlinux, module)
     }
 
-    fn write(spec: &str) -> Result<KernelTypes, String> {
+    fn write(spec: &str) -> Result<KernelTypes> {
         let (vmlinux, module) = kernel();
         let views = [View { base: &vmlinux, split: None }, View { base: &vmlinux, split: Some(&module) }];
         KernelTypes::write(&Spec::parse(spec)?, &views)
@@ -625,9 +632,12 @@ mod tests {
             offsets(&views, &[("cmd", "sdb"), ("cmd", "y"), ("cmd", "tag"), ("gendisk", "disk_name")]),
             Ok([16, 8, 64, 8])
         );
-        assert_eq!(offsets(&views, &[("cmd", "flags")]), Err("cmd.flags is a bitfield".into()));
-        assert_eq!(offsets(&views, &[("cmd", "nope")]), Err("struct cmd has no member nope".into()));
-        assert_eq!(offsets(&views[..1], &[("cmd", "sdb")]), Err("struct cmd is not in the kernel's BTF".into()));
+        assert_eq!(offsets(&views, &[("cmd", "flags")]), Err(Error::kernel_types("cmd.flags is a bitfield")));
+        assert_eq!(offsets(&views, &[("cmd", "nope")]), Err(Error::kernel_types("struct cmd has no member nope")));
+        assert_eq!(
+            offsets(&views[..1], &[("cmd", "sdb")]),
+            Err(Error::kernel_types("struct cmd is not in the kernel's BTF"))
+        );
     }
 
     /// NET_MEMBERS are what iscsi_stages.c reads of the socket: its
@@ -707,7 +717,7 @@ mod tests {
             ("@struct cmd sdb sdb.length", "cmd.sdb: read whole and by member"),
             ("@enum NOPE", "NOPE is not in the kernel's BTF"),
         ] {
-            assert_eq!(write(spec).err().as_deref(), Some(why), "{spec}");
+            assert_eq!(write(spec).err().map(|e| e.to_string()).as_deref(), Some(why), "{spec}");
         }
     }
 

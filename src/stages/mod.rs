@@ -290,7 +290,7 @@ struct Layout {
 fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, tool_part: &str) -> Result<Layout> {
     let types = match btf.as_deref_mut() {
         Some(b) => kernel_types::from_btf(b, &parts(tool_part), kernel_types::ISCSI_MODULES),
-        None => Err("no kernel BTF".to_string()),
+        None => Err(Error::kernel_types("no kernel BTF")),
     };
     match types {
         Ok(t) => Ok(Layout { scsi: ScsiLayout::from_types(&t)?, types: Some(t), why_headers: None, net_offsets: None }),
@@ -299,7 +299,7 @@ fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, too
             Ok(Layout {
                 scsi: ScsiLayout::from_headers(&headers::header_dirs(kernel))?,
                 types: None,
-                why_headers: Some(why),
+                why_headers: Some(why.to_string()),
                 net_offsets,
             })
         }
