@@ -1,8 +1,15 @@
 //! Bad input, on any machine (no VM, no iSCSI): one clear line on stderr, a
 //! non-zero exit, no panic, and nothing typed by the user in the C text.
 
+// The tests/support modules this binary uses: public, so what it leaves unused
+// of one is not dead code; a module it does not use at all is an unused import.
+pub mod support {
+    pub mod cli;
+}
+
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output};
+use support::cli::*;
 
 fn isclatency(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_isclatency"));
@@ -13,59 +20,54 @@ fn isclatency(args: &[&str], env: &[(&str, &str)]) -> Output {
     c.output().unwrap()
 }
 
-fn one_line_error(out: &Output, code: i32, contains: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "exit status for {err:?}");
-    assert_eq!(err.lines().count(), 1, "want one line, got {err:?}");
-    assert!(err.starts_with("isclatency: error: "), "{err:?}");
-    assert!(err.contains(contains), "{err:?} lacks {contains:?}");
-    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"));
-    assert!(out.stdout.is_empty(), "nothing on stdout: {:?}", String::from_utf8_lossy(&out.stdout));
+/// isclatency's answer to bad input: support::cli::one_line_error.
+fn isclatency_error(out: &Output, code: i32, contains: &str) {
+    one_line_error("isclatency", "", out, code, contains);
 }
 
 #[test]
 fn unknown_flag() {
-    one_line_error(&isclatency(&["--bogus"], &[]), 2, "unexpected argument '--bogus'");
+    isclatency_error(&isclatency(&["--bogus"], &[]), 2, "unexpected argument '--bogus'");
 }
 
 #[test]
 fn negative_and_non_numeric_thresholds() {
-    one_line_error(&isclatency(&["-m", "-1"], &[]), 2, "invalid value '-1'");
-    one_line_error(&isclatency(&["-m", "abc"], &[]), 2, "invalid value 'abc'");
-    one_line_error(&isclatency(&["-u", "99999999999999"], &[]), 2, "more than an hour");
-    one_line_error(&isclatency(&["-m", "1", "-u", "5"], &[]), 2, "cannot be used with");
+    isclatency_error(&isclatency(&["-m", "-1"], &[]), 2, "invalid value '-1'");
+    isclatency_error(&isclatency(&["-m", "abc"], &[]), 2, "invalid value 'abc'");
+    isclatency_error(&isclatency(&["-u", "99999999999999"], &[]), 2, "more than an hour");
+    isclatency_error(&isclatency(&["-m", "1", "-u", "5"], &[]), 2, "cannot be used with");
 }
 
 #[test]
 fn bad_regex() {
-    one_line_error(&isclatency(&["--target", "("], &[]), 2, "--target '(': bad regular expression");
-    one_line_error(&isclatency(&["--initiator", "[a-"], &[]), 2, "--initiator '[a-': bad regular expression");
+    isclatency_error(&isclatency(&["--target", "("], &[]), 2, "--target '(': bad regular expression");
+    isclatency_error(&isclatency(&["--initiator", "[a-"], &[]), 2, "--initiator '[a-': bad regular expression");
 }
 
 #[test]
 fn injection_attempt_is_not_a_number() {
-    one_line_error(&isclatency(&["--sid", "1) || (1"], &[]), 2, "invalid value '1) || (1' for '--sid <SID>'");
-    one_line_error(&isclatency(&["--disk", "sda) || (1"], &[]), 2, "not a block device name");
+    isclatency_error(&isclatency(&["--sid", "1) || (1"], &[]), 2, "invalid value '1) || (1' for '--sid <SID>'");
+    isclatency_error(&isclatency(&["--disk", "sda) || (1"], &[]), 2, "not a block device name");
 }
 
 #[test]
 fn unknown_session_lists_what_exists() {
     // This machine has no iSCSI sessions: the error says so.
-    one_line_error(&isclatency(&["--sid", "99"], &[]), 2, "--sid 99 matches no iSCSI session (sessions: none)");
-    one_line_error(&isclatency(&["--disk", "sdq"], &[]), 2, "--disk sdq matches no iSCSI session");
+    isclatency_error(&isclatency(&["--sid", "99"], &[]), 2, "--sid 99 matches no iSCSI session (sessions: none)");
+    isclatency_error(&isclatency(&["--disk", "sdq"], &[]), 2, "--disk sdq matches no iSCSI session");
 }
 
 #[test]
 fn zero_duration() {
-    one_line_error(&isclatency(&["--duration", "0"], &[]), 2, "--duration must be at least 1 second");
+    isclatency_error(&isclatency(&["--duration", "0"], &[]), 2, "--duration must be at least 1 second");
 }
 
 #[test]
 fn missing_headers() {
     if unsafe { libc::geteuid() } != 0 {
-        return one_line_error(&isclatency(&[], &[]), 1, "must be run as root");
+        return isclatency_error(&isclatency(&[], &[]), 1, "must be run as root");
     }
-    one_line_error(
+    isclatency_error(
         &isclatency(&[], &[("BCC_KERNEL_SOURCE", "/nonexistent/headers")]),
         1,
         "kernel headers not found at /nonexistent/headers",
@@ -83,7 +85,7 @@ fn not_root() {
     } else {
         isclatency(&["-m", "10"], &[])
     };
-    one_line_error(&out, 1, "must be run as root");
+    isclatency_error(&out, 1, "must be run as root");
 }
 
 #[test]
@@ -98,18 +100,9 @@ fn ebpf_prints_the_program_without_root_or_iscsi() {
     assert!(text.contains("int stages_complete("));
 }
 
-/// Run iscstat unprivileged: as nobody when we are root (as in cli_freeze.rs).
+/// Run iscstat unprivileged: as nobody when we are root.
 fn iscstat_as_nobody(args: &[&str]) -> Output {
-    let bin = env!("CARGO_BIN_EXE_iscstat");
-    if unsafe { libc::geteuid() } == 0 {
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", bin])
-            .args(args)
-            .output()
-            .expect("setpriv")
-    } else {
-        Command::new(bin).args(args).output().unwrap()
-    }
+    as_nobody(env!("CARGO_BIN_EXE_iscstat"), args)
 }
 
 #[test]

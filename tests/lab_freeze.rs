@@ -2,7 +2,15 @@
 //! session, inside the lab VM (run with --ignored through tests/lab/run; see
 //! the report in tools/iscfreeze_example.txt). Outside the VM they are ignored.
 
-mod support;
+// The tests/support modules this binary uses: public, so what it leaves unused
+// of one is not dead code; a module it does not use at all is an unused import.
+pub mod support {
+    pub mod fio;
+    pub mod json;
+    pub mod lab;
+    pub mod sessions;
+    pub mod tools;
+}
 
 use serde_json::Value;
 use std::process::Command;
@@ -10,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use storprototrace::cli::output::monotonic_ns;
-use support::*;
+use support::{fio::*, json::*, lab::*, sessions::*, tools::*};
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
@@ -81,17 +89,8 @@ fn run_with_switches(disk: &str, k: usize, secs: u64) -> Run {
     Run { freezes: on("freeze"), quiesces: on("quiesce"), slow: ss.json(), switches, fio: f, fio_pid, said }
 }
 
-#[test]
-#[ignore = "needs the iSCSI lab VM: run tests/all"]
-fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
-    let lab = lab();
-    quiet_disks(&lab);
-    let d = lab.disks[0].clone();
-    // fio is held by a given switch only about one time in three on 5.10
-    // (4 of 12 in three runs; one CI run saw 0 of 4): 12 switches make a
-    // run where none holds it unlikely (under 1%).
-    let k = 12;
-    let r = run_with_switches(&d, k, 12);
+/// The `k` switches' run on `d`: fio's rate, then each freeze.
+fn print_freezes(r: &Run, k: usize, d: &str) {
     println!(
         "{k} switches on {d} during fio ({} I/Os, {:.0} IOPS): {} freezes, {} quiesces",
         r.fio.ios(),
@@ -111,6 +110,12 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
             f.str("stack")
         );
     }
+}
+
+/// One freeze per switch, in switch order, each by the shell that wrote the
+/// scheduler file, inside that write, in the switch's stack; quiesces in
+/// the switch too. The submissions delayed behind the freezes.
+fn check_freezes(r: &Run, k: usize) -> u64 {
     // 6.1: elevator_switch() freezes once per switch (and quiesces inside the freeze).
     assert_eq!(r.freezes.len(), k, "one freeze per scheduler switch");
     let pids: Vec<u64> = r.switches.iter().map(|s| s.0 as u64).collect();
@@ -143,8 +148,13 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
         );
         assert!(q["waiters"].is_null(), "{q}");
     }
+    delayed
+}
 
-    // submitslower: fio's slow submissions, those during a switch and the others.
+/// submitslower: fio's slow submissions, those during a switch and the
+/// others; fio held by the freezes (`delayed` submissions, where the kernel
+/// lets them be counted).
+fn check_fio_held(r: &Run, d: &str, delayed: u64) {
     let fio_slow: Vec<&Value> = r.slow.iter().filter(|s| s.str("disk") == d && s.str("comm") == "fio").collect();
     assert!(r.slow.iter().all(|s| s.u64("lat_ns") >= 1_000_000));
     let during = |s: &Value| {
@@ -173,6 +183,24 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     // fio's submissions were held by the freezes, not that there are none
     // elsewhere.
     assert!(!in_switch.is_empty(), "fio's submissions were held during the freezes");
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let d = lab.disks[0].clone();
+    // fio is held by a given switch only about one time in three on 5.10
+    // (4 of 12 in three runs; one CI run saw 0 of 4): 12 switches make a
+    // run where none holds it unlikely (under 1%).
+    let k = 12;
+    let r = run_with_switches(&d, k, 12);
+    print_freezes(&r, k, &d);
+    let delayed = check_freezes(&r, k);
+
+    // submitslower: fio's slow submissions, those during a switch and the others.
+    check_fio_held(&r, &d, delayed);
 
     // The same run without switching: no freeze at all.
     let before = scheduler(&d);
@@ -189,6 +217,66 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     assert_eq!(r0.quiesces.len(), 0, "no quiesce without a switch: {:?}", r0.quiesces);
 }
 
+/// Cut all traffic on lo for 30 s (netem loss 100%): when the loss began
+/// and ended.
+fn cut_the_link_30s() -> (u64, u64) {
+    let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+    sh("tc qdisc add dev lo root netem loss 100%");
+    let loss_on = monotonic_ns();
+    std::thread::sleep(Duration::from_secs(30));
+    sh("tc qdisc del dev lo root");
+    let loss_off = monotonic_ns();
+    (loss_on, loss_off)
+}
+
+/// Wait (30 s at most) for the session to be LOGGED_IN again.
+fn wait_logged_in(states: &StateLog) {
+    for _ in 0..300 {
+        if states.lock().unwrap().last().map(|(_, s)| s == "LOGGED_IN").unwrap_or(false) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every event iscfreeze printed.
+fn print_events(events: &[Value]) {
+    for e in events {
+        println!(
+            "  {} {} by {} {}: {:.3} s .. {:.3} s = {:.3} s; stack {}",
+            e.str("kind"),
+            e.str("disk"),
+            e.str("comm"),
+            e.u64("pid"),
+            e.u64("start_ns") as f64 / 1e9,
+            e.u64("end_ns") as f64 / 1e9,
+            e.u64("frozen_ns") as f64 / 1e9,
+            e.str("stack")
+        );
+    }
+}
+
+/// The freezes of a connection loss are iscsid's rescans after the
+/// re-login, each after the quiesce of its disk ended.
+fn check_rescan_freezes(quiesces: &[&Value], freezes: &[&Value]) {
+    for f in freezes {
+        assert!(
+            f.str("comm") == "iscsid" && f.str("stack").contains("scsi_rescan_device"),
+            "a connection loss freezes nothing but through iscsid's rescan after the re-login: {f}"
+        );
+        let q_end = quiesces.iter().filter(|q| q.str("disk") == f.str("disk")).map(|q| q.u64("end_ns")).max();
+        assert!(
+            q_end.is_some_and(|e| f.u64("start_ns") >= e),
+            "the rescan's freeze of {} comes after the outage's quiesce of it: {f}",
+            f.str("disk")
+        );
+    }
+    println!(
+        "{} freezes by iscsid's rescan after the re-login (open-iscsi 2.1.10 and later rescan on re-login)",
+        freezes.len()
+    );
+}
+
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn connection_loss_is_a_quiesce_from_failure_to_relogin() {
@@ -201,23 +289,10 @@ fn connection_loss_is_a_quiesce_from_failure_to_relogin() {
     let (poller, states) = poll_state(sid, stop.clone());
     let job = fio_cmd(&d, "randread", 10_000_000, 4, &["--time_based", "--runtime=55"]).spawn().unwrap();
     std::thread::sleep(Duration::from_secs(5));
-    let (loss_on, loss_off);
-    {
-        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
-        sh("tc qdisc add dev lo root netem loss 100%");
-        loss_on = monotonic_ns();
-        std::thread::sleep(Duration::from_secs(30));
-        sh("tc qdisc del dev lo root");
-        loss_off = monotonic_ns();
-    }
+    let (loss_on, loss_off) = cut_the_link_30s();
     let f = fio_result(job.wait_with_output().unwrap());
     // Wait for the session to be back before stopping the tracer.
-    for _ in 0..300 {
-        if states.lock().unwrap().last().map(|(_, s)| s == "LOGGED_IN").unwrap_or(false) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_logged_in(&states);
     std::thread::sleep(Duration::from_secs(2));
     let out = fz.stop();
     stop.store(true, Ordering::SeqCst);
@@ -240,19 +315,7 @@ fn connection_loss_is_a_quiesce_from_failure_to_relogin() {
         "kernel log 'detected conn error' on connection{sid}:0 at {:?} s",
         conn_err.iter().map(|t| *t as f64 / 1e9).collect::<Vec<_>>()
     );
-    for e in &events {
-        println!(
-            "  {} {} by {} {}: {:.3} s .. {:.3} s = {:.3} s; stack {}",
-            e.str("kind"),
-            e.str("disk"),
-            e.str("comm"),
-            e.u64("pid"),
-            e.u64("start_ns") as f64 / 1e9,
-            e.u64("end_ns") as f64 / 1e9,
-            e.u64("frozen_ns") as f64 / 1e9,
-            e.str("stack")
-        );
-    }
+    print_events(&events);
     // The outage itself only quiesces. open-iscsi 2.1.10 and later (trixie's
     // 2.1.11, not bookworm's 2.1.8) rescan every LUN after a re-login
     // ("iscsid: Rescan devices on relogin"): the rescan revalidates the disk,
@@ -260,22 +323,7 @@ fn connection_loss_is_a_quiesce_from_failure_to_relogin() {
     // freezes are iscsid's, through the sysfs rescan, after the quiesce of
     // the same disk ended; any other freeze fails the test.
     let (quiesces, freezes): (Vec<&Value>, Vec<&Value>) = events.iter().partition(|e| e.str("kind") == "quiesce");
-    for f in &freezes {
-        assert!(
-            f.str("comm") == "iscsid" && f.str("stack").contains("scsi_rescan_device"),
-            "a connection loss freezes nothing but through iscsid's rescan after the re-login: {f}"
-        );
-        let q_end = quiesces.iter().filter(|q| q.str("disk") == f.str("disk")).map(|q| q.u64("end_ns")).max();
-        assert!(
-            q_end.is_some_and(|e| f.u64("start_ns") >= e),
-            "the rescan's freeze of {} comes after the outage's quiesce of it: {f}",
-            f.str("disk")
-        );
-    }
-    println!(
-        "{} freezes by iscsid's rescan after the re-login (open-iscsi 2.1.10 and later rescan on re-login)",
-        freezes.len()
-    );
+    check_rescan_freezes(&quiesces, &freezes);
     let lab_disks: Vec<&str> = lab.disks.iter().map(String::as_str).collect();
     assert!(events.iter().all(|e| lab_disks.contains(&e.str("disk"))), "only iSCSI disks");
     let q: Vec<&Value> = quiesces.iter().copied().filter(|e| e.str("disk") == d).collect();

@@ -2,12 +2,22 @@
 //! VM only (tests/all passes --ignored). Tests whose name contains
 //! "relogin" log sessions out and in: the runner runs them last.
 
-mod support;
+// The tests/support modules this binary uses: public, so what it leaves unused
+// of one is not dead code; a module it does not use at all is an unused import.
+pub mod support {
+    pub mod faults;
+    pub mod fio;
+    pub mod json;
+    pub mod lab;
+    pub mod prom;
+    pub mod tools;
+}
 
 use serde_json::Value;
 use std::collections::HashMap;
-use std::time::Duration;
-use support::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::{faults::*, fio::*, json::*, lab::*, prom::*, tools::*};
 
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
@@ -131,32 +141,15 @@ fn le_bucket(ns: f64) -> usize {
         .unwrap_or(storprototrace::stages::stats::LE_NS.len())
 }
 
-#[test]
-#[ignore = "needs the iSCSI lab VM: run tests/all"]
-fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
-    let lab = lab();
-    assert_eq!(lab.disks.len(), 4, "needs --targets 2 --luns 2");
-    quiet_disks(&lab);
-    let d = &lab.disks;
-    const EXPORTER: &str = "127.0.0.1:9464";
-    // The kernel counts each BPF program's runs: the exporter shows them.
-    sh("sysctl -q -w kernel.bpf_stats_enabled=1");
-    let server = Prometheus::start(EXPORTER, 9090);
-    let prom_dir = tempfile::tempdir().expect("temporary directory");
-    let prom = prom_dir.path().join("iscstat-test.prom");
-    // One report, at the end: the same commands as Prometheus' counters.
-    let all = spawn(
-        "iscstat",
-        &["3600", "--json", "-L", "-D", "-P", "--prom-file", prom.to_str().unwrap(), "--listen", "9464"],
-        &[],
-    );
-    let t2 = spawn("iscstat", &["1", "--json", "-L", "--target", "target2$"], &[]);
-    let lat = spawn("isclatency", &["-u", "0", "--json"], &[]);
-    let (all, t2, lat) = (all.ready(), t2.ready(), lat.ready());
-    server.wait_ready();
-    std::thread::sleep(Duration::from_secs(3));
-    // Scrapes from here on must all succeed (before, iscstat was compiling).
-    let watched = std::time::Instant::now();
+/// The exporter of the first iscstat in
+/// iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus.
+const EXPORTER: &str = "127.0.0.1:9464";
+
+/// fio at iodepth 32 on the first three disks while abuse_exporter works on
+/// `all`'s exporter: no request refused, its RSS grown by 4 MiB at most.
+/// fio's results by disk index, and the idle connection (for the caller to
+/// drop).
+fn fio_while_abused(all: &Traced, d: &[String]) -> (HashMap<usize, Fio>, std::net::TcpStream) {
     let rss_before = all.rss_kb();
     let abuse = abuse_exporter(EXPORTER);
     let jobs: Vec<_> = [(0usize, 1500u64), (1, 700), (2, 1200)]
@@ -170,9 +163,14 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     println!("exporter: RSS {rss_before} kB before 1,000 requests, {rss_after} kB after; {} bad replies", bad.len());
     assert!(bad.is_empty(), "requests refused during the abuse: {bad:?}");
     assert!(rss_after <= rss_before + 4096, "RSS grew by {} kB over 1,000 requests", rss_after - rss_before);
-    // Let Prometheus scrape (twice) after the last completion, then ask it.
-    std::thread::sleep(Duration::from_secs(2 * SCRAPE_INTERVAL_S + 1));
-    let topo = topology();
+    (f, idle)
+}
+
+/// What Prometheus says after the run: fio's counts per disk and
+/// direction, every scrape since `watched` a success, the tracer up and
+/// nothing lost, the completion program's runs. The skipped probe hits it
+/// reports.
+fn check_prometheus(server: &Prometheus, d: &[String], f: &HashMap<usize, Fio>, watched: Instant) -> f64 {
     for i in [0, 1, 2] {
         for (dir, n) in [("read", f[&i].reads), ("write", f[&i].writes)] {
             let got = server.one(&format!("sum(iscsi_commands_total{{device=\"{}\",direction=\"{dir}\"}})", d[i]));
@@ -205,7 +203,11 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
     );
     assert!(runs >= ios as f64 && runs <= ios as f64 * 1.2 + 100.0, "completion program runs {runs} for {ios} I/Os");
     assert!(run_s > 0.0);
-    // A scrape of our own, checked by promtool.
+    skipped
+}
+
+/// A scrape of our own, checked by promtool.
+fn check_scrape_with_promtool() {
     let (code, metrics) = http_get(EXPORTER, "/metrics");
     assert_eq!(code, 200);
     let mut check = std::process::Command::new("promtool")
@@ -223,18 +225,28 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
         String::from_utf8_lossy(&check.stderr)
     );
     assert!(check.status.success(), "promtool rejected a scrape");
+}
+
+/// Prometheus' p50 of TOTAL (histogram_quantile of its buckets) for disks
+/// 0 and 2, reads and writes.
+fn prometheus_p50s(server: &Prometheus, d: &[String]) -> Vec<(usize, &'static str, f64)> {
     let quantiles: Vec<(usize, &str, f64)> = [0usize, 2].iter().flat_map(|&i| ["read", "write"].map(|dir| (i, dir))).map(|(i, dir)| {
         (i, dir, server.one(&format!("histogram_quantile(0.5, sum by (le) (iscsi_command_stage_seconds_bucket{{device=\"{}\",direction=\"{dir}\",stage=\"total\"}}))", d[i])))
     }).collect();
-    drop(idle);
-    let (all, t2, lat) = (all.stop(), t2.stop(), lat.stop());
-    sh("sysctl -q -w kernel.bpf_stats_enabled=0");
-    let key = |i: usize| {
-        let (s, l) = topo.disk(&d[i]).unwrap();
-        (s.sid as u64, l.lun)
-    };
-    let rows = all.json();
-    let c = counts(&rows);
+    quantiles
+}
+
+/// iscstat's one report (`rows`): fio's count on each disk, nothing on the
+/// fourth, and p50s within one Prometheus bucket of Prometheus' own.
+fn check_report(
+    rows: &[Value],
+    d: &[String],
+    f: &HashMap<usize, Fio>,
+    key: impl Fn(usize) -> (u64, u64),
+    skipped: f64,
+    quantiles: Vec<(usize, &str, f64)>,
+) {
+    let c = counts(rows);
     for i in [0, 1, 2] {
         println!("{} (sid {} lun {}): fio {} iscstat {:?}", d[i], key(i).0, key(i).1, f[&i].ios(), c.get(&key(i)));
         assert_eq!(c.get(&key(i)).copied().unwrap_or(0), f[&i].ios(), "{} count", d[i]);
@@ -263,26 +275,15 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
             d[i]
         );
     }
-    let c2 = counts(&t2.json());
-    assert!(c2.keys().all(|k| k.0 == key(2).0), "--target target2$ showed another session: {c2:?}");
-    assert_eq!(c2.get(&key(2)).copied().unwrap_or(0), f[&2].ios());
-    assert_eq!(
-        lat.json().len() as u64,
-        f.values().map(|x| x.ios()).sum::<u64>(),
-        "isclatency at the same time is exact too"
-    );
-    let run_ns = all.elapsed.as_nanos() as u64;
-    for r in all.json() {
-        for st in ["wait", "send", "resp", "total"] {
-            assert!(r.u64(&format!("{st}_max_ns")) <= run_ns, "a maximum longer than the run: {r}");
-            assert!(r.u64(&format!("{st}_avg_ns")) <= r.u64(&format!("{st}_max_ns")));
-        }
-    }
-    // The Prometheus file: valid for promtool, and its counters add up.
-    let text = std::fs::read_to_string(&prom).expect("prom file written");
+}
+
+/// The Prometheus file: valid for promtool, and its counters add up to
+/// fio's.
+fn check_prom_file(prom: &Path, f: &HashMap<usize, Fio>) {
+    let text = std::fs::read_to_string(prom).expect("prom file written");
     let check = std::process::Command::new("promtool")
         .args(["check", "metrics"])
-        .stdin(std::fs::File::open(&prom).unwrap())
+        .stdin(std::fs::File::open(prom).unwrap())
         .output()
         .expect("promtool");
     println!("promtool: {}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
@@ -299,6 +300,67 @@ fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
         .sum();
     assert_eq!(inf, total);
+}
+
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn iscstat_two_targets_iodepth_32_with_isclatency_and_prometheus() {
+    let lab = lab();
+    assert_eq!(lab.disks.len(), 4, "needs --targets 2 --luns 2");
+    quiet_disks(&lab);
+    let d = &lab.disks;
+    // The kernel counts each BPF program's runs: the exporter shows them.
+    sh("sysctl -q -w kernel.bpf_stats_enabled=1");
+    let server = Prometheus::start(EXPORTER, 9090);
+    let prom_dir = tempfile::tempdir().expect("temporary directory");
+    let prom = prom_dir.path().join("iscstat-test.prom");
+    // One report, at the end: the same commands as Prometheus' counters.
+    let all = spawn(
+        "iscstat",
+        &["3600", "--json", "-L", "-D", "-P", "--prom-file", prom.to_str().unwrap(), "--listen", "9464"],
+        &[],
+    );
+    let t2 = spawn("iscstat", &["1", "--json", "-L", "--target", "target2$"], &[]);
+    let lat = spawn("isclatency", &["-u", "0", "--json"], &[]);
+    let (all, t2, lat) = (all.ready(), t2.ready(), lat.ready());
+    server.wait_ready();
+    std::thread::sleep(Duration::from_secs(3));
+    // Scrapes from here on must all succeed (before, iscstat was compiling).
+    let watched = std::time::Instant::now();
+    let (f, idle) = fio_while_abused(&all, d);
+    // Let Prometheus scrape (twice) after the last completion, then ask it.
+    std::thread::sleep(Duration::from_secs(2 * SCRAPE_INTERVAL_S + 1));
+    let topo = topology();
+    let skipped = check_prometheus(&server, d, &f, watched);
+    // A scrape of our own, checked by promtool.
+    check_scrape_with_promtool();
+    let quantiles = prometheus_p50s(&server, d);
+    drop(idle);
+    let (all, t2, lat) = (all.stop(), t2.stop(), lat.stop());
+    sh("sysctl -q -w kernel.bpf_stats_enabled=0");
+    let key = |i: usize| {
+        let (s, l) = topo.disk(&d[i]).unwrap();
+        (s.sid as u64, l.lun)
+    };
+    let rows = all.json();
+    check_report(&rows, d, &f, key, skipped, quantiles);
+    let c2 = counts(&t2.json());
+    assert!(c2.keys().all(|k| k.0 == key(2).0), "--target target2$ showed another session: {c2:?}");
+    assert_eq!(c2.get(&key(2)).copied().unwrap_or(0), f[&2].ios());
+    assert_eq!(
+        lat.json().len() as u64,
+        f.values().map(|x| x.ios()).sum::<u64>(),
+        "isclatency at the same time is exact too"
+    );
+    let run_ns = all.elapsed.as_nanos() as u64;
+    for r in all.json() {
+        for st in ["wait", "send", "resp", "total"] {
+            assert!(r.u64(&format!("{st}_max_ns")) <= run_ns, "a maximum longer than the run: {r}");
+            assert!(r.u64(&format!("{st}_avg_ns")) <= r.u64(&format!("{st}_max_ns")));
+        }
+    }
+    // The Prometheus file: valid for promtool, and its counters add up.
+    check_prom_file(&prom, &f);
 }
 
 #[test]

@@ -5,10 +5,21 @@
 //! iscstates' row comes from its own test (tests/lab_states.rs), which
 //! every suite runs: one tool start fewer.
 
-mod support;
+// The tests/support modules this binary uses: public, so what it leaves unused
+// of one is not dead code; a module it does not use at all is an unused import.
+pub mod support {
+    pub mod caps;
+    pub mod lab;
+    pub mod tools;
+}
 
+use std::path::PathBuf;
 use std::time::Duration;
-use support::*;
+use storprototrace::bpf::{runner, templates};
+use storprototrace::kernel::headers::{self, BlockLayout, ScsiLayout};
+use storprototrace::kernel::{btf::Loaded, types as kernel_types, Kernel};
+use storprototrace::stages;
+use support::{caps::*, lab::*, tools::*};
 
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
@@ -49,31 +60,19 @@ fn every_tool_starts_and_reports_its_probe_points() {
         println!("{row}");
     }
 }
-
-/// The kernel types written from BTF against the kernel's own headers: one
-/// compile of every header the templates include, with every offset and
-/// size the BTF types assert, and the socket offsets the stage programs
-/// take from BTF as numbers; and the same layout choices both ways.
-#[test]
-#[ignore = "needs the iSCSI lab VM: run tests/all"]
-fn kernel_types_agree_with_the_headers() {
-    use storprototrace::bpf::{runner, templates};
-    use storprototrace::kernel::headers::{self, BlockLayout, ScsiLayout};
-    use storprototrace::kernel::{btf::Loaded, types as kernel_types, Kernel};
-    use storprototrace::stages;
-    let _lab = lab();
-    let mut kernel = Kernel::detect();
-    kernel.cflags.push("-w".into()); // the kernel headers' own warnings (pages of them on 7.3)
-    let dirs = headers::header_dirs(&kernel);
-    let Ok(mut btf) = Loaded::open(&kernel.btf_dir) else {
-        println!("kernel {}: no BTF, the headers are compiled: nothing to compare", kernel.release);
-        return;
-    };
-    let stage_parts = [stages::parts(templates::ISCLATENCY).to_vec(), stages::parts(templates::ISCSTAT).to_vec()];
-    let block_parts = [storprototrace::freeze::PARTS.to_vec(), vec![templates::COMMON, templates::SUBMITSLOWER]];
+/// The kernel types the templates read, written from `btf` (the iSCSI
+/// modules' where they have BTF, vmlinux's), each tool's layout the same as
+/// the headers', and the socket offsets the stage programs take from BTF as
+/// numbers: the `_Static_assert`s of all of them, and what was compared.
+fn btf_asserts(
+    mut btf: Loaded,
+    dirs: Vec<PathBuf>,
+    stage_parts: &[Vec<&str>],
+    block_parts: &[Vec<&str>],
+) -> (String, Vec<&'static str>) {
     let mut asserts = String::new();
     let mut compared = Vec::new();
-    for parts in &stage_parts {
+    for parts in stage_parts {
         match kernel_types::from_btf(&mut btf, parts, kernel_types::ISCSI_MODULES) {
             Ok(t) => {
                 assert_eq!(ScsiLayout::from_types(&t).unwrap(), ScsiLayout::from_headers(&dirs).unwrap());
@@ -111,6 +110,55 @@ fn kernel_types_agree_with_the_headers() {
         asserts.push_str(&format!("_Static_assert(__builtin_offsetof(struct {s}, {m}) == {o}, \"{s}.{m}\");\n"));
     }
     compared.push("socket");
+    (asserts, compared)
+}
+
+/// Compile `text`, the headers and then the checks; where 7.x's linux/tcp.h
+/// does not compile with this libbcc, the same without it and without the
+/// checks of struct tcp_sock. How many checks were compiled.
+fn compile_checks(kernel: &Kernel, text: &str, includes: &[&str], checks: &[&str]) -> usize {
+    let mut checked = checks.len();
+    if let Err(e) = runner::compile(kernel, text) {
+        // 7.x's linux/tcp.h pulls in a linux/bpf.h that needs a newer uapi
+        // bpf.h than libbcc bundles (BPF_TRACE_FENTRY_MULTI, BPF_F_CPU...):
+        // there the tcp_sock offsets are checked only by the asserts in the
+        // program itself (from BTF). Said, and everything else still checked.
+        let tcp = |l: &&str| l.contains("linux/tcp.h") || l.contains("struct tcp_sock");
+        let (inc, chk): (Vec<&str>, Vec<&str>) = (
+            includes.iter().copied().filter(|l| !tcp(l)).collect(),
+            checks.iter().copied().filter(|l| !tcp(l)).collect(),
+        );
+        let text2 =
+            format!("{}\n{}\nint kernel_types_check(void *ctx) {{ return 0; }}\n", inc.join("\n"), chk.join("\n"));
+        runner::compile(kernel, &text2)
+            .unwrap_or_else(|e2| panic!("the headers disagree with BTF: {e2}\n(with linux/tcp.h: {e})\n{text2}"));
+        println!(
+            "kernel {}: NOTE: linux/tcp.h does not compile with this libbcc ({e}); compared without struct tcp_sock",
+            kernel.release
+        );
+        checked = chk.len();
+    }
+    checked
+}
+
+/// The kernel types written from BTF against the kernel's own headers: one
+/// compile of every header the templates include, with every offset and
+/// size the BTF types assert, and the socket offsets the stage programs
+/// take from BTF as numbers; and the same layout choices both ways.
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn kernel_types_agree_with_the_headers() {
+    let _lab = lab();
+    let mut kernel = Kernel::detect();
+    kernel.cflags.push("-w".into()); // the kernel headers' own warnings (pages of them on 7.3)
+    let dirs = headers::header_dirs(&kernel);
+    let Ok(btf) = Loaded::open(&kernel.btf_dir) else {
+        println!("kernel {}: no BTF, the headers are compiled: nothing to compare", kernel.release);
+        return;
+    };
+    let stage_parts = [stages::parts(templates::ISCLATENCY).to_vec(), stages::parts(templates::ISCSTAT).to_vec()];
+    let block_parts = [storprototrace::freeze::PARTS.to_vec(), vec![templates::COMMON, templates::SUBMITSLOWER]];
+    let (asserts, compared) = btf_asserts(btf, dirs, &stage_parts, &block_parts);
     // The headers every template includes, then only the assertions.
     let mut includes: Vec<&str> = Vec::new();
     for part in stage_parts.iter().chain(&block_parts).flatten() {
@@ -124,27 +172,7 @@ fn kernel_types_agree_with_the_headers() {
     let text =
         format!("{}\n{}\nint kernel_types_check(void *ctx) {{ return 0; }}\n", includes.join("\n"), checks.join("\n"));
     let t0 = std::time::Instant::now();
-    let mut checked = checks.len();
-    if let Err(e) = runner::compile(&kernel, &text) {
-        // 7.x's linux/tcp.h pulls in a linux/bpf.h that needs a newer uapi
-        // bpf.h than libbcc bundles (BPF_TRACE_FENTRY_MULTI, BPF_F_CPU...):
-        // there the tcp_sock offsets are checked only by the asserts in the
-        // program itself (from BTF). Said, and everything else still checked.
-        let tcp = |l: &&str| l.contains("linux/tcp.h") || l.contains("struct tcp_sock");
-        let (inc, chk): (Vec<&str>, Vec<&str>) = (
-            includes.iter().copied().filter(|l| !tcp(l)).collect(),
-            checks.iter().copied().filter(|l| !tcp(l)).collect(),
-        );
-        let text2 =
-            format!("{}\n{}\nint kernel_types_check(void *ctx) {{ return 0; }}\n", inc.join("\n"), chk.join("\n"));
-        runner::compile(&kernel, &text2)
-            .unwrap_or_else(|e2| panic!("the headers disagree with BTF: {e2}\n(with linux/tcp.h: {e})\n{text2}"));
-        println!(
-            "kernel {}: NOTE: linux/tcp.h does not compile with this libbcc ({e}); compared without struct tcp_sock",
-            kernel.release
-        );
-        checked = chk.len();
-    }
+    let checked = compile_checks(&kernel, &text, &includes, &checks);
     println!(
         "kernel {}: {checked} offsets and sizes from BTF ({}) agree with the headers (compiled in {:.1} s)",
         kernel.release,

@@ -1,0 +1,149 @@
+//! Faults on the path, each removed when its value is dropped: a netem
+//! qdisc on loopback (the network's knob) and a LUN on dm-delay (the
+//! target's); and the measures of what each really adds.
+
+use super::lab::{session_disk_after_login, settle_after_login, sh, Lab};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A netem qdisc on loopback for as long as the value lives (removed even
+/// when a test fails).
+pub struct Netem;
+impl Netem {
+    pub fn add(spec: &str) -> Netem {
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+        sh(&format!("tc qdisc add dev lo root netem {spec}"));
+        Netem
+    }
+}
+impl Drop for Netem {
+    fn drop(&mut self) {
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+    }
+}
+
+/// Round trips over loopback, the lab's ping (the guest has none): `n` UDP
+/// echoes of one byte, one at a time, the echo on its own thread; each
+/// round trip in ns, sorted. Under netem this is what a configured delay
+/// really adds to a round trip in this guest (timer slack under emulation:
+/// 2 x 5 ms added 10.5-11.1 ms to the minimum on 6.1).
+pub fn udp_round_trips(n: usize) -> Vec<u64> {
+    use std::net::UdpSocket;
+    let echo = UdpSocket::bind("127.0.0.1:0").expect("bind the echo socket");
+    let addr = echo.local_addr().unwrap();
+    echo.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        while let Ok((len, from)) = echo.recv_from(&mut buf) {
+            if buf[..len] == *b"q" {
+                break;
+            }
+            let _ = echo.send_to(&buf[..len], from);
+        }
+    });
+    let c = UdpSocket::bind("127.0.0.1:0").expect("bind the client socket");
+    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut buf = [0u8; 16];
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        c.send_to(b"x", addr).unwrap();
+        c.recv_from(&mut buf).expect("a UDP echo over lo within 2 s");
+        out.push(t.elapsed().as_nanos() as u64);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    c.send_to(b"q", addr).unwrap();
+    server.join().unwrap();
+    out.sort_unstable();
+    out
+}
+
+/// A LUN whose backing store waits: a RAM disk (brd) under dm-delay,
+/// exported by LIO (iblock) as the only LUN of a target of its own, and
+/// logged in. The knob inside the target for tests that must tell the
+/// target's time from the network's. Removed again when dropped.
+pub struct SlowLun {
+    pub target: String,
+    pub sid: u32,
+    pub disk: String,
+    /// The dm-delay device in the target (`dm-N`).
+    pub dm: String,
+    tpg: String,
+}
+
+/// I/Os completed and the time they took on one block device, per
+/// direction, from its `/sys/block/<dev>/stat` (the kernel's own sums).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiskTime {
+    pub reads: u64,
+    pub read_ms: u64,
+    pub writes: u64,
+    pub write_ms: u64,
+}
+impl DiskTime {
+    pub fn read(dev: &str) -> DiskTime {
+        let text = sh(&format!("cat /sys/block/{dev}/stat"));
+        let f: Vec<u64> = text.split_whitespace().map(|w| w.parse().unwrap()).collect();
+        DiskTime { reads: f[0], read_ms: f[3], writes: f[4], write_ms: f[7] }
+    }
+    /// Mean time per I/O in ns since `before`: (reads, writes).
+    pub fn mean_since(&self, before: &DiskTime) -> (f64, f64) {
+        let mean = |ms: u64, n: u64| ms as f64 * 1e6 / n.max(1) as f64;
+        (
+            mean(self.read_ms - before.read_ms, self.reads - before.reads),
+            mean(self.write_ms - before.write_ms, self.writes - before.writes),
+        )
+    }
+}
+
+const CFG: &str = "/sys/kernel/config/target";
+
+impl SlowLun {
+    /// `delay_ms`: what dm-delay is told; what it really adds is measured
+    /// by the caller (it waits in timer ticks).
+    pub fn create(lab: &Lab, delay_ms: u32) -> SlowLun {
+        let prefix = lab.targets[0].rsplit_once(':').expect("lab target IQN").0.to_string();
+        let target = format!("{prefix}:slow");
+        sh("modprobe brd rd_nr=1 rd_size=65536 && modprobe dm_delay && modprobe target_core_iblock");
+        // udevd is stopped (quiet_disks): dmsetup must not wait for it, and
+        // the device node to use is devtmpfs' /dev/dm-N.
+        sh(&format!("dmsetup create --noudevsync lab_slow --table \"0 $(blockdev --getsz /dev/ram0) delay /dev/ram0 0 {delay_ms}\""));
+        let dm = sh("dmsetup info -c --noheadings -o blkdevname lab_slow").trim().to_string();
+        let bs = format!("{CFG}/core/iblock_90/lab_slow");
+        let tpg = format!("{CFG}/iscsi/{target}/tpgt_1");
+        sh(&format!(
+            "mkdir -p {bs} && echo udev_path=/dev/{dm} > {bs}/control && echo 1 > {bs}/enable && \
+             mkdir -p {tpg}/lun/lun_0 && ln -s {bs} {tpg}/lun/lun_0/lab_slow && mkdir {tpg}/np/127.0.0.1:3260 && \
+             echo 1 > {tpg}/attrib/generate_node_acls && echo 0 > {tpg}/attrib/authentication && \
+             echo 0 > {tpg}/attrib/demo_mode_write_protect && echo 1 > {tpg}/attrib/cache_dynamic_acls && echo 1 > {tpg}/enable"
+        ));
+        sh("iscsiadm -m discovery -t st -p 127.0.0.1 >/dev/null");
+        sh(&format!("iscsiadm -m node -T {target} -p 127.0.0.1 -l >/dev/null"));
+        let (s, disk) = session_disk_after_login(&target);
+        settle_after_login();
+        SlowLun { target, sid: s.sid, disk, dm, tpg }
+    }
+}
+
+impl SlowLun {
+    /// Log out and in again: a new connection, with a floor RTT of its own.
+    pub fn relogin(&mut self) {
+        sh(&format!("iscsiadm -m node -T {} -p 127.0.0.1 -u >/dev/null", self.target));
+        sh(&format!("iscsiadm -m node -T {} -p 127.0.0.1 -l >/dev/null", self.target));
+        let (s, disk) = session_disk_after_login(&self.target);
+        (self.sid, self.disk) = (s.sid, disk);
+        settle_after_login();
+    }
+}
+
+impl Drop for SlowLun {
+    fn drop(&mut self) {
+        let t = &self.target;
+        let tpg = &self.tpg;
+        let _ = Command::new("sh").arg("-c").arg(format!(
+            "iscsiadm -m node -T {t} -p 127.0.0.1 -u; iscsiadm -m node -T {t} -o delete; \
+             echo 0 > {tpg}/enable; rm -f {tpg}/lun/lun_0/lab_slow; rmdir {tpg}/lun/lun_0 {tpg}/np/127.0.0.1:3260 {tpg} {CFG}/iscsi/{t}; \
+             rmdir {CFG}/core/iblock_90/lab_slow {CFG}/core/iblock_90; dmsetup remove --noudevsync lab_slow; rmmod brd"
+        )).output();
+    }
+}
