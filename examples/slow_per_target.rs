@@ -8,7 +8,8 @@
 //!   SECONDS      stop after this many seconds (default: until Ctrl-C)
 //!   DISK         only this iSCSI disk (e.g. sdb)
 //! Every second: one line per target that had slow commands. At exit: the
-//! totals per target, and what the tracer could not time.
+//! last part of a second, the totals per target, and what the tracer could
+//! not time.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +48,7 @@ fn main() {
     let r = running.clone();
     ctrlc::set_handler(move || r.store(false, Ordering::SeqCst)).expect("Ctrl-C handler");
     let end = (seconds > 0).then(|| Instant::now() + Duration::from_secs(seconds));
-    println!("Counting iSCSI commands of {min_ms} ms or more per target... Hit Ctrl-C to end.");
+    eprintln!("Tracing iSCSI commands of {min_ms} ms or more, counted per target... Hit Ctrl-C to end.");
 
     let name = |c: &CommandRecord| c.target.clone().unwrap_or_else(|| format!("session {}", c.sid));
     let (mut interval, mut total): (BTreeMap<String, Tally>, BTreeMap<String, Tally>) = Default::default();
@@ -63,18 +64,27 @@ fn main() {
         }
         if Instant::now() >= next {
             next += Duration::from_secs(1);
-            for (target, t) in std::mem::take(&mut interval) {
-                let flag = if t.commands >= alarm { "ALARM " } else { "" };
-                println!("{flag}{target}: {} slow commands in 1 s, worst {:.3} ms", t.commands, ms(t.worst));
-            }
+            report(&mut interval, alarm, "1 s");
         }
     }
+    // The part of a second since the last report.
+    let rest = Duration::from_secs(1).saturating_sub(next.saturating_duration_since(Instant::now()));
+    report(&mut interval, alarm, &format!("the last {:.1} s", rest.as_secs_f64()));
     for (target, t) in &total {
         println!("total {target}: {} commands, {} bytes, worst {:.3} ms", t.commands, t.bytes, ms(t.worst));
     }
     match tracer.stop() {
         Ok(untimed) => println!("{untimed}"),
         Err(e) => eprintln!("slow_per_target: error: {e}"),
+    }
+}
+
+/// One line per target that had slow commands in the interval, ALARM first
+/// where it had `alarm` or more; the interval starts again.
+fn report(interval: &mut BTreeMap<String, Tally>, alarm: u64, span: &str) {
+    for (target, t) in std::mem::take(interval) {
+        let flag = if t.commands >= alarm { "ALARM " } else { "" };
+        println!("{flag}{target}: {} slow commands in {span}, worst {:.3} ms", t.commands, ms(t.worst));
     }
 }
 

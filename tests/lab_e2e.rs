@@ -916,3 +916,40 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     check_iscstat_agrees(&ph, &cmds, &rows, untimed + st.untimed());
     check_retransmits(&ph, &cmds, &rows);
 }
+
+/// The library's API, through examples/slow_per_target.rs: every command
+/// fio issues on one disk is counted once under its target, in the
+/// per-second lines and in the total, and the tracer says it lost nothing.
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn api_example_counts_every_command_per_target() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let d = &lab.disks[0];
+    let target = topology().sessions.into_iter().find(|s| s.luns.iter().any(|l| l.disk.as_deref() == Some(d.as_str())));
+    let target = target.expect("the disk's session").target;
+    // Every command (0 ms), no alarm, until stopped, only this disk.
+    let t = spawn("slow_per_target", &["0", "1000000", "0", d], &[]).ready();
+    let f = fio(d, "randrw", 400, 4, &[]);
+    let out = t.stop();
+    assert!(out.status.success(), "{}", out.stderr);
+    println!(
+        "fio: {} I/Os; example: {:?}",
+        f.ios(),
+        out.lines.iter().filter(|l| l.starts_with("total")).collect::<Vec<_>>()
+    );
+    let per_second: u64 = out
+        .lines
+        .iter()
+        .filter_map(|l| l.strip_prefix(&format!("{target}: ")))
+        .map(|l| l.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(per_second, f.ios(), "the per-second lines add up to fio's I/Os: {:?}", out.lines);
+    let totals: Vec<&String> = out.lines.iter().filter(|l| l.starts_with("total ")).collect();
+    assert_eq!(totals.len(), 1, "one target: {totals:?}");
+    let expect = format!("total {target}: {} commands, {} bytes, worst ", f.ios(), f.ios() * 4096);
+    assert!(totals[0].starts_with(&expect), "{} (want {expect}...)", totals[0]);
+    assert!(!out.lines.iter().any(|l| l.starts_with("ALARM")), "no alarm under 1,000,000 a second");
+    assert_eq!(out.summary("events lost"), 0);
+    assert_eq!(out.summary("still in flight"), 0);
+}

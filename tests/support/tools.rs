@@ -78,8 +78,19 @@ pub fn bin(name: &str) -> String {
         "submitslower" => env!("CARGO_BIN_EXE_submitslower").to_string(),
         "iscfreeze" => env!("CARGO_BIN_EXE_iscfreeze").to_string(),
         "iscstates" => env!("CARGO_BIN_EXE_iscstates").to_string(),
+        "slow_per_target" => example(name),
         other => panic!("unknown tool {other}"),
     }
+}
+
+/// An example program's binary: cargo builds examples beside the test
+/// binaries' deps/ directory (tests/all builds them).
+fn example(name: &str) -> String {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps");
+    let path = dir.join("examples").join(name);
+    assert!(path.exists(), "{} not built: cargo build --release --examples", path.display());
+    path.to_string_lossy().into_owned()
 }
 
 /// Start a tool and wait for its "Tracing" line (compiling under emulation
