@@ -39,7 +39,7 @@ stage's maximum, RESP and the target's name. The stages are isclatency's.
 Every field, and when a field shows '-': man 8 iscstat.";
 
 #[derive(Parser, Debug)]
-#[command(name = "iscstat", version, about = "Per-session/LUN iSCSI latency statistics by stage (WAIT/SEND/RESP/NET/TARGET/TOTAL)", long_about = ABOUT, after_help = EXAMPLES)]
+#[command(name = "iscstat", version, mut_arg("timestamp", |a| a.help("With --json: wall-clock timestamps (HH:MM:SS.mmm) instead of seconds since start (reports on the terminal always show the wall clock)")), about = "Per-session/LUN iSCSI latency statistics by stage (WAIT/SEND/RESP/NET/TARGET/TOTAL)", long_about = ABOUT, after_help = EXAMPLES)]
 struct Args {
     /// Seconds between reports
     #[arg(default_value_t = 1)]

@@ -274,6 +274,11 @@ fn opt_num(v: Option<u64>) -> Field {
     v.map(|n| Field::Num(n as i64)).unwrap_or(Field::Null)
 }
 
+/// A line's event-specific JSON fields, in order.
+type Fields = Vec<(&'static str, Field)>;
+/// A line's new state, event name and detail text.
+type Line = (&'static str, &'static str, String);
+
 /// The state machine of every session seen: each event becomes a line,
 /// episodes are opened and closed, totals kept.
 #[derive(Debug, Default)]
@@ -318,123 +323,154 @@ impl Tracker {
         }
         let (old, since) = self.state.get(&sid).cloned().unwrap_or(("-".into(), None));
         let duration_ns = since.map(|s| e.ts.saturating_sub(s));
-        let mut fields: Vec<(&'static str, Field)> = Vec::new();
-        let (new, event, detail): (&'static str, &'static str, String) = match e.kind {
-            Kind::ConnError => {
-                let ep = self.open(sid, e.ts, errors);
-                ep.reason.get_or_insert(e.code);
-                *self.totals.entry(sid).or_default().failures.entry(e.code).or_default() += 1;
-                fields.push(("reason_code", Field::Num(e.code as i64)));
-                fields.push(("reason", Field::Str(err_name(e.code).into())));
-                ("FAILED", "conn_error", format!("conn error {} ({})", err_name(e.code), e.code))
-            }
-            Kind::ConnStop => {
-                let n = e.sent + e.unsent;
-                let (flushed, oldest) =
-                    if self.have_flush { (Some(n as u64), (n > 0).then_some(e.oldest_ns)) } else { (None, None) };
-                fields.push(("in_flight", opt_num(flushed)));
-                fields.push(("sent", opt_num(self.have_flush.then_some(e.sent as u64))));
-                fields.push(("unsent", opt_num(self.have_flush.then_some(e.unsent as u64))));
-                fields.push(("oldest_ns", opt_num(oldest)));
-                fields.push(("flag", Field::Num(e.code as i64)));
-                let what = match (flushed, oldest) {
-                    (None, _) => "in flight: -".to_string(),
-                    (Some(0), _) => "0 commands in flight".to_string(),
-                    (Some(n), o) => format!(
-                        "{n} commands in flight ({} sent, {} not sent), oldest {}",
-                        e.sent,
-                        e.unsent,
-                        o.map(secs).unwrap_or("-".into())
-                    ),
-                };
-                match e.code {
-                    STOP_RECOVER => {
-                        let ep = self.open(sid, e.ts, errors);
-                        ep.in_flight = flushed.map(|n| n as u32);
-                        ("STOPPED", "conn_stop", format!("stopped for recovery: {what}"))
-                    }
-                    STOP_TERM => {
-                        self.totals.entry(sid).or_default().logouts += 1;
-                        ("LOGGED_OUT", "logout", format!("logout (conn stopped, terminated): {what}"))
-                    }
-                    _ => ("SUSPENDED", "conn_stop", format!("conn stopped (flag {}): {what}", e.code)),
-                }
-            }
-            Kind::Block => {
-                let ep = self.open(sid, e.ts, errors);
-                ep.blocked_at.get_or_insert(e.ts);
-                fields.push(("replacement_timeout_s", Field::Num(e.recovery_tmo as i64)));
-                let tmo = if e.recovery_tmo < 0 { "none".to_string() } else { format!("{} s", e.recovery_tmo) };
-                ("BLOCKED", "blocked", format!("session blocked, I/O held; replacement_timeout {tmo}"))
-            }
-            Kind::RecoveryTimeout => {
-                let after = self.episodes.get(&sid).and_then(|ep| ep.blocked_at).map(|b| e.ts.saturating_sub(b));
-                if let Some(ep) = self.episodes.get_mut(&sid) {
-                    ep.timed_out = true;
-                }
-                self.totals.entry(sid).or_default().timeouts += 1;
-                fields.push(("after_ns", opt_num(after)));
-                fields.push(("replacement_timeout_s", Field::Num(e.recovery_tmo as i64)));
-                (
-                    "TIMED_OUT",
-                    "recovery_timeout",
-                    format!(
-                        "recovery timed out after {} (replacement_timeout {} s): I/O fails",
-                        after.map(secs).unwrap_or("-".into()),
-                        e.recovery_tmo
-                    ),
-                )
-            }
-            Kind::ConnStart => {
-                fields.push(("stop_stage", Field::Num(e.code as i64)));
-                if e.code == STOP_RECOVER {
-                    ("STARTED", "relogin", "conn started again after recovery".to_string())
-                } else {
-                    self.totals.entry(sid).or_default().logins += 1;
-                    ("STARTED", "login", "login: conn started".to_string())
-                }
-            }
-            Kind::Unblock => match self.episodes.remove(&sid) {
-                Some(ep) => {
-                    let blocked = ep.blocked_at.map(|b| e.ts.saturating_sub(b));
-                    let failed = match (ep.errors_at_start, errors) {
-                        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-                        _ => None,
-                    };
-                    let t = self.totals.entry(sid).or_default();
-                    if let Some(b) = blocked {
-                        t.blocked_ns += b;
-                        t.max_blocked_ns = t.max_blocked_ns.max(b);
-                    }
-                    t.requeued += ep.requeued as u64;
-                    t.failed += failed.unwrap_or(0);
-                    let requeued = self.have_requeue.then_some(ep.requeued as u64);
-                    fields.push(("blocked_ns", opt_num(blocked)));
-                    fields.push(("episode_ns", Field::Num(e.ts.saturating_sub(ep.start) as i64)));
-                    fields.push(("reason", ep.reason.map(|r| Field::Str(err_name(r).into())).unwrap_or(Field::Null)));
-                    fields.push(("in_flight", opt_num(ep.in_flight.map(u64::from))));
-                    fields.push(("requeued", opt_num(requeued)));
-                    fields.push(("failed", opt_num(failed)));
-                    fields.push(("timed_out", Field::Num(ep.timed_out as i64)));
-                    let n = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or("-".into());
-                    (
-                        "LOGGED_IN",
-                        "unblocked",
-                        format!(
-                            "I/O resumes: blocked {}, requeued {}, failed {}",
-                            blocked.map(secs).unwrap_or("-".into()),
-                            n(requeued),
-                            n(failed)
-                        ),
-                    )
-                }
-                None => ("LOGGED_IN", "unblocked", "I/O runs".to_string()),
-            },
+        let mut fields: Fields = Vec::new();
+        let (new, event, detail) = match e.kind {
+            Kind::ConnError => self.conn_error(e, errors, &mut fields),
+            Kind::ConnStop => self.conn_stop(e, errors, &mut fields),
+            Kind::Block => self.block(e, errors, &mut fields),
+            Kind::RecoveryTimeout => self.recovery_timeout(e, &mut fields),
+            Kind::ConnStart => self.conn_start(e, &mut fields),
+            Kind::Unblock => self.unblock(e, errors, &mut fields),
             Kind::Requeue => unreachable!(),
         };
         self.state.insert(sid, (new.to_string(), Some(e.ts)));
         let cid = matches!(e.kind, Kind::ConnError | Kind::ConnStop | Kind::ConnStart).then_some(e.cid);
         Some(Shown { ts: e.ts, sid, cid, old, new, duration_ns, event, detail, fields })
+    }
+
+    /// A connection failure opens (or joins) the episode.
+    fn conn_error(&mut self, e: &StateEvent, errors: Option<u64>, fields: &mut Fields) -> Line {
+        let sid = e.sid;
+
+        let ep = self.open(sid, e.ts, errors);
+        ep.reason.get_or_insert(e.code);
+        *self.totals.entry(sid).or_default().failures.entry(e.code).or_default() += 1;
+        fields.push(("reason_code", Field::Num(e.code as i64)));
+        fields.push(("reason", Field::Str(err_name(e.code).into())));
+        ("FAILED", "conn_error", format!("conn error {} ({})", err_name(e.code), e.code))
+    }
+
+    /// A connection stopped: for recovery (with what was in flight), at logout, or otherwise.
+    fn conn_stop(&mut self, e: &StateEvent, errors: Option<u64>, fields: &mut Fields) -> Line {
+        let sid = e.sid;
+
+        let n = e.sent + e.unsent;
+        let (flushed, oldest) =
+            if self.have_flush { (Some(n as u64), (n > 0).then_some(e.oldest_ns)) } else { (None, None) };
+        fields.push(("in_flight", opt_num(flushed)));
+        fields.push(("sent", opt_num(self.have_flush.then_some(e.sent as u64))));
+        fields.push(("unsent", opt_num(self.have_flush.then_some(e.unsent as u64))));
+        fields.push(("oldest_ns", opt_num(oldest)));
+        fields.push(("flag", Field::Num(e.code as i64)));
+        let what = match (flushed, oldest) {
+            (None, _) => "in flight: -".to_string(),
+            (Some(0), _) => "0 commands in flight".to_string(),
+            (Some(n), o) => format!(
+                "{n} commands in flight ({} sent, {} not sent), oldest {}",
+                e.sent,
+                e.unsent,
+                o.map(secs).unwrap_or("-".into())
+            ),
+        };
+        match e.code {
+            STOP_RECOVER => {
+                let ep = self.open(sid, e.ts, errors);
+                ep.in_flight = flushed.map(|n| n as u32);
+                ("STOPPED", "conn_stop", format!("stopped for recovery: {what}"))
+            }
+            STOP_TERM => {
+                self.totals.entry(sid).or_default().logouts += 1;
+                ("LOGGED_OUT", "logout", format!("logout (conn stopped, terminated): {what}"))
+            }
+            _ => ("SUSPENDED", "conn_stop", format!("conn stopped (flag {}): {what}", e.code)),
+        }
+    }
+
+    /// The session blocked: I/O is held until it unblocks or recovery times out.
+    fn block(&mut self, e: &StateEvent, errors: Option<u64>, fields: &mut Fields) -> Line {
+        let sid = e.sid;
+
+        let ep = self.open(sid, e.ts, errors);
+        ep.blocked_at.get_or_insert(e.ts);
+        fields.push(("replacement_timeout_s", Field::Num(e.recovery_tmo as i64)));
+        let tmo = if e.recovery_tmo < 0 { "none".to_string() } else { format!("{} s", e.recovery_tmo) };
+        ("BLOCKED", "blocked", format!("session blocked, I/O held; replacement_timeout {tmo}"))
+    }
+
+    /// Recovery gave up: held I/O fails.
+    fn recovery_timeout(&mut self, e: &StateEvent, fields: &mut Fields) -> Line {
+        let sid = e.sid;
+
+        let after = self.episodes.get(&sid).and_then(|ep| ep.blocked_at).map(|b| e.ts.saturating_sub(b));
+        if let Some(ep) = self.episodes.get_mut(&sid) {
+            ep.timed_out = true;
+        }
+        self.totals.entry(sid).or_default().timeouts += 1;
+        fields.push(("after_ns", opt_num(after)));
+        fields.push(("replacement_timeout_s", Field::Num(e.recovery_tmo as i64)));
+        (
+            "TIMED_OUT",
+            "recovery_timeout",
+            format!(
+                "recovery timed out after {} (replacement_timeout {} s): I/O fails",
+                after.map(secs).unwrap_or("-".into()),
+                e.recovery_tmo
+            ),
+        )
+    }
+
+    /// A connection started: after recovery, or a login.
+    fn conn_start(&mut self, e: &StateEvent, fields: &mut Fields) -> Line {
+        let sid = e.sid;
+
+        fields.push(("stop_stage", Field::Num(e.code as i64)));
+        if e.code == STOP_RECOVER {
+            ("STARTED", "relogin", "conn started again after recovery".to_string())
+        } else {
+            self.totals.entry(sid).or_default().logins += 1;
+            ("STARTED", "login", "login: conn started".to_string())
+        }
+    }
+
+    /// The session runs again: the episode ends, into the totals.
+    fn unblock(&mut self, e: &StateEvent, errors: Option<u64>, fields: &mut Fields) -> Line {
+        let sid = e.sid;
+        match self.episodes.remove(&sid) {
+            Some(ep) => {
+                let blocked = ep.blocked_at.map(|b| e.ts.saturating_sub(b));
+                let failed = match (ep.errors_at_start, errors) {
+                    (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                    _ => None,
+                };
+                let t = self.totals.entry(sid).or_default();
+                if let Some(b) = blocked {
+                    t.blocked_ns += b;
+                    t.max_blocked_ns = t.max_blocked_ns.max(b);
+                }
+                t.requeued += ep.requeued as u64;
+                t.failed += failed.unwrap_or(0);
+                let requeued = self.have_requeue.then_some(ep.requeued as u64);
+                fields.push(("blocked_ns", opt_num(blocked)));
+                fields.push(("episode_ns", Field::Num(e.ts.saturating_sub(ep.start) as i64)));
+                fields.push(("reason", ep.reason.map(|r| Field::Str(err_name(r).into())).unwrap_or(Field::Null)));
+                fields.push(("in_flight", opt_num(ep.in_flight.map(u64::from))));
+                fields.push(("requeued", opt_num(requeued)));
+                fields.push(("failed", opt_num(failed)));
+                fields.push(("timed_out", Field::Num(ep.timed_out as i64)));
+                let n = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or("-".into());
+                (
+                    "LOGGED_IN",
+                    "unblocked",
+                    format!(
+                        "I/O resumes: blocked {}, requeued {}, failed {}",
+                        blocked.map(secs).unwrap_or("-".into()),
+                        n(requeued),
+                        n(failed)
+                    ),
+                )
+            }
+            None => ("LOGGED_IN", "unblocked", "I/O runs".to_string()),
+        }
     }
 }
 
