@@ -16,6 +16,15 @@ impl Unit {
             Unit::Us => "us",
         }
     }
+    /// A duration in ns written in this unit into `out`, `-` for None.
+    pub fn write(self, out: &mut String, ns: Option<u64>) -> std::fmt::Result {
+        use std::fmt::Write;
+        match (self, ns) {
+            (_, None) => write!(out, "-"),
+            (Unit::Ms, Some(ns)) => write!(out, "{:.3}", ns as f64 / 1e6),
+            (Unit::Us, Some(ns)) => write!(out, "{:.1}", ns as f64 / 1e3),
+        }
+    }
     /// A duration in ns shown in this unit: ms with 3 decimals, us with 1.
     pub fn fmt(self, ns: u64) -> String {
         match self {

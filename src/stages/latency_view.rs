@@ -6,6 +6,7 @@ use crate::cli::json;
 use crate::cli::output::{Clock, Unit};
 use crate::iscsi::topology::Topology;
 use crate::stages::StagePlan;
+use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -34,7 +35,7 @@ impl Columns {
 pub struct LatencyView {
     pub unit: Unit,
     pub timestamp: bool,
-    pub columns: Columns,
+    cols: Vec<Column>,
     /// SEND told apart from RESP (else SEND is `-` / null).
     pub have_sent: bool,
     /// R2Ts counted (else `-` / null).
@@ -52,7 +53,7 @@ impl LatencyView {
     pub fn new(
         unit: Unit,
         timestamp: bool,
-        columns: Columns,
+        set: Columns,
         plan: &StagePlan,
         clock: Clock,
         topo: Topology,
@@ -61,7 +62,7 @@ impl LatencyView {
         LatencyView {
             unit,
             timestamp,
-            columns,
+            cols: columns(unit, timestamp, set),
             have_sent: plan.have_sent,
             have_r2t: plan.have_r2t,
             have_rx: plan.have_rx,
@@ -97,82 +98,69 @@ impl LatencyView {
         }
     }
 
-    /// The columns of a line: the default set fits in 100 columns; wide
-    /// adds the session, LUN, RESP, retransmits and result; extended adds
-    /// the R2T count, target, initiator and portal (and implies wide).
-    fn columns(&self) -> Vec<Column> {
-        let u = self.unit.label();
-        let wide = self.columns != Columns::Default;
-        let time = if self.timestamp { Column::left("TIME", 12) } else { Column::left("TIME(s)", 11) };
-        let mut c = vec![time, Column::left("COMM", if wide { 16 } else { 14 }), Column::right("PID", 7)];
-        if wide {
-            c.push(Column::right("SID:CID", 7));
-        }
-        c.push(Column::left("DISK", 6));
-        if wide {
-            c.push(Column::right("LUN", 3));
-        }
-        c.extend([Column::left("T", 1), Column::right("BYTES", 7)]);
-        c.extend([Column::right(format!("WAIT({u})"), 8), Column::right(format!("SEND({u})"), 8)]);
-        if wide {
-            c.push(Column::right(format!("RESP({u})"), 10));
-        }
-        c.extend([
-            Column::right(format!("NET({u})"), 8),
-            Column::right(format!("TARGET({u})"), 10),
-            Column::right(format!("TOTAL({u})"), 9),
-        ]);
-        if wide {
-            c.extend([Column::right("RETX", 4), Column::left("RESULT", 0)]);
-        }
-        if self.columns == Columns::Extended {
-            c.extend([
-                Column::right("R2T", 3),
-                Column::left("TARGETNAME", 0),
-                Column::left("INITIATOR", 0),
-                Column::left("PORTAL", 0),
-            ]);
-        }
-        c
-    }
-
     pub fn header(&self) -> String {
-        let cols = self.columns();
-        let cells: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
-        render(&cols, &cells)
+        let mut line = String::with_capacity(160);
+        for (i, col) in self.cols.iter().enumerate() {
+            col.push(&mut line, i == 0, &col.name);
+        }
+        line.truncate(line.trim_end().len());
+        line
     }
 
+    /// One command's line: the cells written into one buffer, no
+    /// allocation per cell.
     pub fn row(&mut self, c: &Command) -> String {
-        let u = self.unit;
-        let cols = self.columns();
-        let mut cells = Vec::with_capacity(cols.len());
-        for col in &cols {
-            let name = col.name.split('(').next().unwrap_or_default();
-            cells.push(match name {
-                "TIME" => self.time(c),
-                "COMM" => c.comm.chars().take(col.width).collect(),
-                "PID" => c.pid.to_string(),
-                "SID:CID" => format!("{}:{}", c.sid, c.cid),
-                "DISK" => self.disk_of(c),
-                "LUN" => c.lun.to_string(),
-                "T" => c.dir.letter().to_string(),
-                "BYTES" => c.bytes.to_string(),
-                "WAIT" => u.fmt(c.wait),
-                "SEND" if self.have_sent => u.fmt(c.send),
-                "RESP" => u.fmt(c.resp),
-                "NET" => self.split(c).map_or("-".into(), |(n, _)| u.fmt(n)),
-                "TARGET" => self.split(c).map_or("-".into(), |(_, t)| u.fmt(t)),
-                "TOTAL" => u.fmt(c.total),
-                "RETX" => c.retrans.map_or("-".into(), |r| r.to_string()),
-                "RESULT" => c.result_text(),
-                "R2T" if self.have_r2t => c.r2t.to_string(),
-                "TARGETNAME" => self.topo.session(c.sid).map_or("?".into(), |s| s.target.clone()),
-                "INITIATOR" => self.topo.session(c.sid).map_or("?".into(), |s| s.initiator.clone()),
-                "PORTAL" => self.topo.session(c.sid).map_or("?".into(), |s| s.portal()),
-                _ => "-".into(),
-            });
+        let disk = self.disk_of(c);
+        let mut line = String::with_capacity(160);
+        let mut cell = String::with_capacity(64);
+        for (i, col) in self.cols.iter().enumerate() {
+            cell.clear();
+            self.cell(&mut cell, col, c, &disk);
+            col.push(&mut line, i == 0, &cell);
         }
-        render(&cols, &cells)
+        line.truncate(line.trim_end().len());
+        line
+    }
+
+    fn cell(&self, out: &mut String, col: &Column, c: &Command, disk: &str) {
+        let u = self.unit;
+        let session = || self.topo.session(c.sid);
+        let _ = match col.field {
+            Field::Time => {
+                let done = c.ts_queue + c.total;
+                if self.timestamp {
+                    write!(out, "{}", self.clock.wall(done))
+                } else {
+                    write!(out, "{:.6}", self.clock.since_start(done))
+                }
+            }
+            Field::Comm => {
+                out.extend(c.comm.chars().take(col.width));
+                Ok(())
+            }
+            Field::Pid => write!(out, "{}", c.pid),
+            Field::SidCid => write!(out, "{}:{}", c.sid, c.cid),
+            Field::Disk => write!(out, "{disk}"),
+            Field::Lun => write!(out, "{}", c.lun),
+            Field::Dir => write!(out, "{}", c.dir.letter()),
+            Field::Bytes => write!(out, "{}", c.bytes),
+            Field::Wait => u.write(out, Some(c.wait)),
+            Field::Send => u.write(out, self.have_sent.then_some(c.send)),
+            Field::Resp => u.write(out, Some(c.resp)),
+            Field::Net => u.write(out, self.split(c).map(|s| s.0)),
+            Field::Target => u.write(out, self.split(c).map(|s| s.1)),
+            Field::Total => u.write(out, Some(c.total)),
+            Field::Retx => match c.retrans {
+                Some(r) => write!(out, "{r}"),
+                None => write!(out, "-"),
+            },
+            Field::Result => write!(out, "{}", c.result_text()),
+            Field::R2t if self.have_r2t => write!(out, "{}", c.r2t),
+            Field::R2t => write!(out, "-"),
+            Field::TargetName => write!(out, "{}", session().map_or("?", |s| s.target.as_str())),
+            Field::Initiator => write!(out, "{}", session().map_or("?", |s| s.initiator.as_str())),
+            Field::Portal => write!(out, "{}", session().map_or_else(|| "?".to_string(), |s| s.portal())),
+        };
     }
 
     /// NET and TARGET where known: never more than RESP (the C side
@@ -213,34 +201,56 @@ impl LatencyView {
     }
 }
 
-/// A column of isclatency's text output: its header, its width (0: as
-/// long as the value) and its side.
+/// What a column shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Time,
+    Comm,
+    Pid,
+    SidCid,
+    Disk,
+    Lun,
+    Dir,
+    Bytes,
+    Wait,
+    Send,
+    Resp,
+    Net,
+    Target,
+    Total,
+    Retx,
+    Result,
+    R2t,
+    TargetName,
+    Initiator,
+    Portal,
+}
+
+/// A column of isclatency's text output: what it shows, its header, its
+/// width (0: as long as the value) and its side.
 struct Column {
+    field: Field,
     name: String,
     width: usize,
     left: bool,
 }
 
 impl Column {
-    fn left(name: impl Into<String>, width: usize) -> Column {
-        Column { name: name.into(), width, left: true }
+    fn left(field: Field, name: impl Into<String>, width: usize) -> Column {
+        Column { field, name: name.into(), width, left: true }
     }
-    fn right(name: impl Into<String>, width: usize) -> Column {
-        Column { name: name.into(), width, left: false }
+    fn right(field: Field, name: impl Into<String>, width: usize) -> Column {
+        Column { field, name: name.into(), width, left: false }
     }
-}
 
-/// One line: cells padded to their column's width, one space apart, no
-/// trailing blanks.
-fn render(cols: &[Column], cells: &[String]) -> String {
-    let mut line = String::with_capacity(128);
-    for (i, (col, cell)) in cols.iter().zip(cells).enumerate() {
-        if i > 0 {
+    /// Append `cell` padded to the column's width, a space before it but
+    /// for the first column.
+    fn push(&self, line: &mut String, first: bool, cell: &str) {
+        if !first {
             line.push(' ');
         }
-        let w = col.width.max(cell.chars().count());
-        let pad = w - cell.chars().count();
-        if col.left {
+        let pad = self.width.saturating_sub(cell.chars().count());
+        if self.left {
             line.push_str(cell);
             line.extend(std::iter::repeat_n(' ', pad));
         } else {
@@ -248,8 +258,49 @@ fn render(cols: &[Column], cells: &[String]) -> String {
             line.push_str(cell);
         }
     }
-    line.truncate(line.trim_end().len());
-    line
+}
+
+/// The columns of a line: the default set fits in 100 columns; wide adds
+/// the session, LUN, RESP, retransmits and result; extended adds the R2T
+/// count, target, initiator and portal (and implies wide).
+fn columns(unit: Unit, timestamp: bool, set: Columns) -> Vec<Column> {
+    let u = unit.label();
+    let wide = set != Columns::Default;
+    let time = if timestamp { Column::left(Field::Time, "TIME", 12) } else { Column::left(Field::Time, "TIME(s)", 11) };
+    let mut c =
+        vec![time, Column::left(Field::Comm, "COMM", if wide { 16 } else { 14 }), Column::right(Field::Pid, "PID", 7)];
+    if wide {
+        c.push(Column::right(Field::SidCid, "SID:CID", 7));
+    }
+    c.push(Column::left(Field::Disk, "DISK", 6));
+    if wide {
+        c.push(Column::right(Field::Lun, "LUN", 3));
+    }
+    c.extend([Column::left(Field::Dir, "T", 1), Column::right(Field::Bytes, "BYTES", 7)]);
+    c.extend([
+        Column::right(Field::Wait, format!("WAIT({u})"), 8),
+        Column::right(Field::Send, format!("SEND({u})"), 8),
+    ]);
+    if wide {
+        c.push(Column::right(Field::Resp, format!("RESP({u})"), 10));
+    }
+    c.extend([
+        Column::right(Field::Net, format!("NET({u})"), 8),
+        Column::right(Field::Target, format!("TARGET({u})"), 10),
+        Column::right(Field::Total, format!("TOTAL({u})"), 9),
+    ]);
+    if wide {
+        c.extend([Column::right(Field::Retx, "RETX", 4), Column::left(Field::Result, "RESULT", 0)]);
+    }
+    if set == Columns::Extended {
+        c.extend([
+            Column::right(Field::R2t, "R2T", 3),
+            Column::left(Field::TargetName, "TARGETNAME", 0),
+            Column::left(Field::Initiator, "INITIATOR", 0),
+            Column::left(Field::Portal, "PORTAL", 0),
+        ]);
+    }
+    c
 }
 
 #[cfg(test)]
