@@ -46,7 +46,10 @@ fn main() {
 
     let running = Arc::new(AtomicBool::new(true));
     let r = running.clone();
-    ctrlc::set_handler(move || r.store(false, Ordering::SeqCst)).expect("Ctrl-C handler");
+    if let Err(e) = ctrlc::set_handler(move || r.store(false, Ordering::SeqCst)) {
+        eprintln!("slow_per_target: error: cannot install the Ctrl-C handler: {e}");
+        std::process::exit(1)
+    }
     let end = (seconds > 0).then(|| Instant::now() + Duration::from_secs(seconds));
     eprintln!("Tracing iSCSI commands of {min_ms} ms or more, counted per target... Hit Ctrl-C to end.");
 

@@ -25,11 +25,10 @@
 use crate::bpf::events::Command;
 use crate::bpf::runner::Events;
 use crate::bpf::templates;
-use crate::cli::output::{Clock, Unit};
 use crate::cli::Common;
 use crate::error::Result;
+use crate::iscsi::topology::LiveTopology;
 use crate::stages::filters::Filters;
-use crate::stages::latency_view::{Columns, LatencyView};
 use crate::stages::{self, Tracing};
 use crate::start::Startup;
 use std::time::Duration;
@@ -132,19 +131,10 @@ impl Options {
         let common = Common { verbose: self.verbose, ..Common::default() };
         let startup = Startup::new("storprototrace", &common)?;
         let values = [("MIN_US", min_us.into()), ("WHO", true.into())];
-        let tracing =
-            stages::start(&startup, &self.filters, templates::ISCLATENCY, &values)?.expect("--ebpf is never set here");
+        let tracing = stages::start_tracing(&startup, &self.filters, templates::ISCLATENCY, &values)?;
         let events = startup.events(&tracing.bpf)?;
-        let names = LatencyView::new(
-            Unit::Ms,
-            false,
-            Columns::Default,
-            &tracing.plan,
-            Clock::start(),
-            tracing.topo.clone(),
-            Some("/sys".into()),
-        );
-        Ok(CommandTracer { tracing, events, names, malformed: 0 })
+        let topo = LiveTopology::new(tracing.topo.clone(), Some("/sys".into()));
+        Ok(CommandTracer { tracing, events, topo, malformed: 0 })
     }
 }
 
@@ -194,7 +184,8 @@ pub struct CommandRecord {
 pub struct CommandTracer {
     tracing: Tracing,
     events: Events,
-    names: LatencyView,
+    /// Disk and target names, read again for a session that logs in later.
+    topo: LiveTopology,
     malformed: u64,
 }
 
@@ -237,7 +228,7 @@ impl CommandTracer {
 
     fn record(&mut self, c: &Command) -> CommandRecord {
         let ns = Duration::from_nanos;
-        let split = self.names.split(c);
+        let split = c.net_target(self.tracing.plan.have_rx);
         CommandRecord {
             completed_ns: c.ts_queue + c.total,
             comm: c.comm.clone(),
@@ -245,8 +236,8 @@ impl CommandTracer {
             sid: c.sid,
             cid: c.cid,
             lun: c.lun,
-            disk: self.names.disk_of(c),
-            target: self.names.topo.session(c.sid).map(|s| s.target.clone()),
+            disk: self.topo.disk_name(c.host, c.channel, c.id, c.lun),
+            target: self.topo.session(c.sid).map(|s| s.target.clone()),
             direction: c.dir,
             bytes: c.bytes,
             wait: ns(c.wait),

@@ -105,6 +105,13 @@ pub struct Command {
 pub const RETX_UNKNOWN: u32 = u32::MAX;
 
 impl Command {
+    /// NET and TARGET where known (`have_rx`: the kernel gives the first
+    /// PDU back): never more than RESP. The C side guarantees it; a record
+    /// that says otherwise is treated as unknown.
+    pub fn net_target(&self, have_rx: bool) -> Option<(u64, u64)> {
+        self.split.filter(|(n, t)| have_rx && n.checked_add(*t) == Some(self.resp))
+    }
+
     /// sizeof(struct event) of isclatency.c (a test checks it).
     pub const SIZE: usize = 128;
 

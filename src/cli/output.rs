@@ -27,10 +27,9 @@ impl Unit {
     }
     /// A duration in ns shown in this unit: ms with 3 decimals, us with 1.
     pub fn fmt(self, ns: u64) -> String {
-        match self {
-            Unit::Ms => format!("{:.3}", ns as f64 / 1e6),
-            Unit::Us => format!("{:.1}", ns as f64 / 1e3),
-        }
+        let mut s = String::new();
+        let _ = self.write(&mut s, Some(ns));
+        s
     }
 }
 

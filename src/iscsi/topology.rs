@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connection {
@@ -207,6 +208,42 @@ fn read_luns(session_dir: &Path) -> Vec<Lun> {
         }
     }
     luns
+}
+
+/// The topology as sysfs shows it now: read again, at most once a second,
+/// when asked for a disk it does not know (a session that logged in later).
+#[derive(Debug, Clone)]
+pub struct LiveTopology {
+    pub topo: Topology,
+    /// Where to read it again; None: never (a fixed topology, for tests).
+    sysfs: Option<PathBuf>,
+    read_at: Instant,
+}
+
+impl LiveTopology {
+    pub fn new(topo: Topology, sysfs: Option<PathBuf>) -> LiveTopology {
+        LiveTopology { topo, sysfs, read_at: Instant::now() }
+    }
+
+    /// The disk of a SCSI address, `?` where sysfs names none.
+    pub fn disk_name(&mut self, host: u32, channel: u32, id: u32, lun: u64) -> String {
+        if let Some(d) = self.topo.disk_name(host, channel, id, lun) {
+            return d.to_string();
+        }
+        if let Some(sys) = &self.sysfs {
+            if self.read_at.elapsed().as_secs() >= 1 {
+                if let Ok(t) = Topology::read(sys) {
+                    self.topo = t;
+                }
+                self.read_at = Instant::now();
+            }
+        }
+        self.topo.disk_name(host, channel, id, lun).unwrap_or("?").to_string()
+    }
+
+    pub fn session(&self, sid: u32) -> Option<&Session> {
+        self.topo.session(sid)
+    }
 }
 
 #[cfg(test)]

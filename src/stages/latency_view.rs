@@ -4,11 +4,10 @@
 use crate::bpf::events::Command;
 use crate::cli::json;
 use crate::cli::output::{Clock, Unit};
-use crate::iscsi::topology::Topology;
+use crate::iscsi::topology::{LiveTopology, Topology};
 use crate::stages::StagePlan;
 use std::fmt::Write;
 use std::path::PathBuf;
-use std::time::Instant;
 
 /// Which columns a text line has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +42,7 @@ pub struct LatencyView {
     /// RESP split into NET and TARGET where the command allows it.
     pub have_rx: bool,
     pub clock: Clock,
-    pub topo: Topology,
-    /// Where to read the topology again for a session that logged in later.
-    pub sysfs: Option<PathBuf>,
-    topo_read_at: Instant,
+    pub topo: LiveTopology,
 }
 
 impl LatencyView {
@@ -67,26 +63,12 @@ impl LatencyView {
             have_r2t: plan.have_r2t,
             have_rx: plan.have_rx,
             clock,
-            topo,
-            sysfs,
-            topo_read_at: Instant::now(),
+            topo: LiveTopology::new(topo, sysfs),
         }
     }
 
-    pub(crate) fn disk_of(&mut self, c: &Command) -> String {
-        if let Some(d) = self.topo.disk_name(c.host, c.channel, c.id, c.lun) {
-            return d.to_string();
-        }
-        // A session that logged in after we started: read sysfs again (at most once a second).
-        if let Some(sys) = &self.sysfs {
-            if self.topo_read_at.elapsed().as_secs() >= 1 {
-                if let Ok(t) = Topology::read(sys) {
-                    self.topo = t;
-                }
-                self.topo_read_at = Instant::now();
-            }
-        }
-        self.topo.disk_name(c.host, c.channel, c.id, c.lun).unwrap_or("?").to_string()
+    fn disk_of(&mut self, c: &Command) -> String {
+        self.topo.disk_name(c.host, c.channel, c.id, c.lun)
     }
 
     fn time(&self, c: &Command) -> String {
@@ -127,12 +109,8 @@ impl LatencyView {
         let session = || self.topo.session(c.sid);
         let _ = match col.field {
             Field::Time => {
-                let done = c.ts_queue + c.total;
-                if self.timestamp {
-                    write!(out, "{}", self.clock.wall(done))
-                } else {
-                    write!(out, "{:.6}", self.clock.since_start(done))
-                }
+                out.push_str(&self.time(c));
+                Ok(())
             }
             Field::Comm => {
                 out.extend(c.comm.chars().take(col.width));
@@ -163,10 +141,8 @@ impl LatencyView {
         };
     }
 
-    /// NET and TARGET where known: never more than RESP (the C side
-    /// guarantees it; a record that says otherwise is shown as unknown).
-    pub(crate) fn split(&self, c: &Command) -> Option<(u64, u64)> {
-        c.split.filter(|(n, t)| self.have_rx && n.checked_add(*t) == Some(c.resp))
+    fn split(&self, c: &Command) -> Option<(u64, u64)> {
+        c.net_target(self.have_rx)
     }
 
     pub fn json(&mut self, c: &Command) -> String {

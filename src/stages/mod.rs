@@ -378,15 +378,26 @@ pub fn start(
     tool_part: &str,
     tool_values: &[(&'static str, Value)],
 ) -> Result<Option<Tracing>> {
-    let kernel = &s.kernel;
-    let topo = Topology::read(std::path::Path::new("/sys"))?;
     let ebpf = s.ebpf(|kernel| {
+        let topo = Topology::read(std::path::Path::new("/sys"))?;
         let (plan, filter) = plan_for_ebpf(kernel, &topo, filters, tool_part)?;
         render(tool_part, &plan, &filter, s.ebpf_ringbuf(), tool_values)
     })?;
     if ebpf {
         return Ok(None);
     }
+    start_tracing(s, filters, tool_part, tool_values).map(Some)
+}
+
+/// [`start`] without `--ebpf`, for callers that never print the program.
+pub fn start_tracing(
+    s: &Startup,
+    filters: &Filters,
+    tool_part: &str,
+    tool_values: &[(&'static str, Value)],
+) -> Result<Tracing> {
+    let kernel = &s.kernel;
+    let topo = Topology::read(std::path::Path::new("/sys"))?;
     if filters.any_session_filter() {
         filters.resolve(&topo)?;
     }
@@ -426,7 +437,7 @@ pub fn start(
         (bpf, links) = s.try_load(&program(&plan, Targets::default())?, |bpf| filter.load_sets(bpf))?;
     }
     let links = links?;
-    Ok(Some(Tracing { topo, plan, filter, bpf, links }))
+    Ok(Tracing { topo, plan, filter, bpf, links })
 }
 
 /// What `--ebpf` renders, with neither root nor iSCSI: the plan for the
