@@ -24,15 +24,16 @@
  * is dropped from the map and counted, never timed.
  *
  * RESP = NET + TARGET (HAVE_RX, iscsi_tcp only): NET is what the network
- * takes: a round trip at the connection's floor RTT (TCP's windowed
- * minimum, tcp_min_rtt) for each exchange with the target, plus the data
- * transfer the initiator sees (first Data-In to the end for reads; R2T to
- * the last Data-Out handed to TCP for writes); TARGET is the rest:
+ * takes: one round trip of the connection (net_round_trip below) for each
+ * exchange with the target, plus the data transfer the initiator sees
+ * (first Data-In to the end for reads; R2T to the last Data-Out handed to
+ * TCP for writes); TARGET is the rest:
  *   read / no R2T:  NET = min(rx - sent, RTT) + (done - rx)
  *   write with R2T: NET = min(rx - sent, RTT) + (dout - rx) + min(done - dout, RTT)
- * A command with no PDU back seen, or no socket (not iscsi_tcp), or no RTT
- * sample yet, or whose first PDU back came before its send call returned
- * (a busy xmit worker: the round trip is then inside SEND and cannot be
+ * A command with no PDU back seen, or no socket (not iscsi_tcp), or no
+ * round trip known, or whose first PDU back came before its send call
+ * returned (a busy xmit worker: the round trip is then inside SEND and
+ * cannot be
  * told apart), is not split (counted, shown as '-'). RETX: the socket's
  * total_retrans at completion minus at PDU preparation: TCP segments
  * retransmitted on the command's connection while it was in flight. */
@@ -51,7 +52,7 @@
  * @struct iscsi_transport name
  * @struct iscsi_tcp_conn dd_data in.hdr
  * @struct socket sk
- * @struct tcp_sock total_retrans rtt_min
+ * @struct tcp_sock total_retrans rtt_min rx_opt.rcv_tsval
  * @enum DMA_FROM_DEVICE DMA_TO_DEVICE ISCSI_TASK_COMPLETED ISCSI_TASK_PENDING
  */
 #if !BTF_TYPES
@@ -73,6 +74,7 @@
 #define SOCKET_SK_OFF {{SOCKET_SK_OFF}}
 #define TCP_TOTAL_RETRANS_OFF {{TCP_TOTAL_RETRANS_OFF}}
 #define TCP_RTT_MIN_OFF {{TCP_RTT_MIN_OFF}}
+#define TCP_RCV_TSVAL_OFF {{TCP_RCV_TSVAL_OFF}}
 #else
 #if !BTF_TYPES
 #include <linux/net.h>
@@ -81,6 +83,7 @@
 #define SOCKET_SK_OFF __builtin_offsetof(struct socket, sk)
 #define TCP_TOTAL_RETRANS_OFF __builtin_offsetof(struct tcp_sock, total_retrans)
 #define TCP_RTT_MIN_OFF __builtin_offsetof(struct tcp_sock, rtt_min)
+#define TCP_RCV_TSVAL_OFF __builtin_offsetof(struct tcp_sock, rx_opt.rcv_tsval)
 #endif
 
 #define FILTER_HOST {{FILTER_HOST}}
@@ -142,11 +145,13 @@ struct inflight {
     u32 cid;
     u32 bytes;
     u32 r2t;
+    s64 rev_us;    /* reverse delay of the first PDU back (net_round_trip) */
     u32 rtt_us;
     u32 retrans0;
     u8 dir;
     u8 opcode;
     u8 rx_op;
+    u8 net_from;
     char comm[TASK_COMM_LEN];
 };
 
@@ -158,7 +163,7 @@ struct stage_times {
     u64 target;
     u64 total;
     u32 retrans;   /* RETX_UNKNOWN: no socket */
-    u32 split;     /* NET and TARGET known */
+    u32 split;     /* NET and TARGET known: NET_FROM_*, else 0 */
 };
 
 BPF_HASH(inflight, u64, struct inflight, 16384);
@@ -292,6 +297,208 @@ static __always_inline u32 sock_retrans(u64 sk)
     return r;
 }
 
+/* The connection's round trip now, for NET. TCP's own minimum RTT
+ * (tcp_min_rtt) cannot be used alone: it keeps its floor for at least its
+ * window (300 s) after the network slows, and skips every sample of a lone
+ * command PDU's ACK (flagged maybe-delayed) without ageing, so it may
+ * never rise. TCP's smoothed RTT cannot either: the target delays its ACK
+ * of a command and sends it with the response, so most samples carry the
+ * target's service time. What is used instead, per TCP socket:
+ *
+ * - The reverse delay of the first PDU back for each command: r = its
+ *   arrival - the target's TCP timestamp (TSval) in it. The target stamps
+ *   TSval when TCP sends the segment, after its service time, so r changes
+ *   exactly as the target -> initiator delay changes, whatever the target
+ *   does; its absolute value holds an unknown clock offset, so only its
+ *   changes are used. TSval ticks in ms (in us with the tcp_usec_ts route
+ *   feature on the target, Linux 6.7+): the rate is measured over the first
+ *   second. Its minimum over a window removes the ms truncation.
+ * - Clean round trips: a write's command PDU to its first R2T, which the
+ *   target sends before touching storage (NET_FROM_ROUND_TRIP).
+ *
+ * Minima are kept in two bins of NET_BIN_NS (the window: the last 4 to 8
+ * s). The round trip is the minimum clean round trip in the window; else,
+ * assuming the path is symmetric (a change of the reverse delay is matched
+ * in the forward one), the anchor plus twice the change of the reverse
+ * delay since (NET_FROM_REVERSE); else TCP's minimum RTT (no TSval yet, or
+ * the target sends none: NET_FROM_TCP_MIN). The anchor is the last bin's
+ * minimum clean round trip and the minimum reverse delay of the same clean
+ * exchanges (so a change within the bin moves both alike), or, until a
+ * bin has had clean round trips, TCP's minimum RTT and the first bin's
+ * minimum reverse delay. */
+#define NET_FROM_ROUND_TRIP 1
+#define NET_FROM_REVERSE 2
+#define NET_FROM_TCP_MIN 3
+#define NET_BIN_NS 4000000000ULL
+#define R_NONE 0x7fffffffffffffffLL
+/* A TSval that moved more than this away from the clock is a new
+ * connection on a reused socket address: its state starts again. */
+#define TSVAL_JUMP_US 5000000LL
+
+struct net_est {
+    u64 bin_start;     /* ns */
+    s64 r_cur;         /* min reverse delay in the bin, us (R_NONE: none) */
+    s64 r_prev;        /* in the bin before */
+    s64 rt_r_cur;      /* min reverse delay of the bin's clean round trips */
+    s64 anchor_r;      /* the reverse delay anchor_rtt goes with */
+    u64 t_first;       /* when ext_first was seen (TSval rate), ns */
+    u64 t_last;        /* the latest sample, ns */
+    u64 ext_first;     /* TSval, unwrapped, at t_first */
+    u64 ext_last;      /* the highest TSval seen, unwrapped */
+    u32 ts_last;       /* its raw value */
+    u32 unit_us;       /* us per TSval tick: 1000 or 1; 0: rate not known */
+    u32 rt_cur;        /* min clean round trip in the bin, us (0: none) */
+    u32 rt_prev;
+    u32 anchor_rtt;    /* us; 0: none yet */
+    u32 pad;
+};
+
+BPF_TABLE("lru_hash", u64, struct net_est, net_est, 4096);
+
+static __always_inline void net_restart(struct net_est *e, u64 now, u32 tsval)
+{
+    e->bin_start = now;
+    e->r_cur = R_NONE;
+    e->r_prev = R_NONE;
+    e->rt_r_cur = R_NONE;
+    e->anchor_r = R_NONE;
+    e->t_first = now;
+    e->t_last = now;
+    e->ext_first = tsval;
+    e->ext_last = tsval;
+    e->ts_last = tsval;
+    e->unit_us = 0;
+    e->rt_cur = 0;
+    e->rt_prev = 0;
+    e->anchor_rtt = 0;
+}
+
+/* Start a new bin once the current one is NET_BIN_NS old, anchoring the
+ * estimate on the one that ends (tcp_min: TCP's minimum RTT, 0: none). */
+static __always_inline void net_roll(struct net_est *e, u64 now, u32 tcp_min)
+{
+    if (now - e->bin_start < NET_BIN_NS)
+        return;
+    if (e->rt_cur && e->rt_r_cur != R_NONE) {
+        e->anchor_rtt = e->rt_cur;
+        e->anchor_r = e->rt_r_cur;
+    } else if (e->r_cur != R_NONE && !e->anchor_rtt && tcp_min) {
+        e->anchor_rtt = tcp_min;
+        e->anchor_r = e->r_cur;
+    }
+    if (now - e->bin_start < 2 * NET_BIN_NS) {
+        e->r_prev = e->r_cur;
+        e->rt_prev = e->rt_cur;
+    } else {
+        e->r_prev = R_NONE;
+        e->rt_prev = 0;
+    }
+    e->r_cur = R_NONE;
+    e->rt_r_cur = R_NONE;
+    e->rt_cur = 0;
+    e->bin_start = now;
+}
+
+/* TCP's minimum RTT, us (0: no sample yet). rtt_min is a struct minmax
+ * { struct minmax_sample { u32 t, v; } s[3]; }: s[0].v, at +4, is
+ * tcp_min_rtt() (include/net/tcp.h); ~0 before any sample. */
+static __always_inline u32 tcp_min_rtt_us(u64 sk)
+{
+    u32 rtt = 0;
+    bpf_probe_read_kernel(&rtt, sizeof(rtt), (char *)sk + TCP_RTT_MIN_OFF + 4);
+    return rtt == 0xffffffff ? 0 : rtt;
+}
+
+/* At the first PDU back for a command (now: its arrival, ns): take the
+ * segment's TSval, which TCP parsed just before it called the socket's
+ * data_ready (iscsi_tcp reads PDUs from there), and return the round trip
+ * (us, 0: unknown) and what it came from; *rev: the reverse delay (us,
+ * R_NONE: unknown). */
+static __always_inline u32 net_round_trip(u64 sk, u64 now, u8 *from, s64 *rev)
+{
+    *rev = R_NONE;
+    u32 tsval = 0;
+    u32 tcp_min = tcp_min_rtt_us(sk);
+    bpf_probe_read_kernel(&tsval, sizeof(tsval), (char *)sk + TCP_RCV_TSVAL_OFF);
+    *from = NET_FROM_TCP_MIN;
+    struct net_est *e = net_est.lookup(&sk);
+    if (!e) {
+        struct net_est n = {};
+        net_restart(&n, now, tsval);
+        net_est.update(&sk, &n);
+        return tcp_min;
+    }
+    s32 d = (s32)(tsval - e->ts_last);
+    s64 elapsed_us = (s64)((now - e->t_last) / 1000);
+    if (e->unit_us) {
+        s64 ticked_us = (s64)d * e->unit_us;
+        if (ticked_us - elapsed_us > TSVAL_JUMP_US || elapsed_us - ticked_us > TSVAL_JUMP_US) {
+            net_restart(e, now, tsval);
+            return tcp_min;
+        }
+    }
+    u64 ext = e->ext_last + (s64)d;
+    if (d > 0) {
+        e->ext_last = ext;
+        e->ts_last = tsval;
+    }
+    e->t_last = now;
+    if (!e->unit_us) {
+        u64 dt = now - e->t_first;
+        if (dt < 1000000000ULL)
+            return tcp_min;
+        if (dt > 100000000000ULL) {    /* idle since: measure from here */
+            e->t_first = now;
+            e->ext_first = ext;
+            return tcp_min;
+        }
+        /* ticks per second: 500..2000 is ms, 500k..2M is us; else (no
+         * timestamps, a stalled clock) measure again from here */
+        u64 ticks = (ext - e->ext_first) * 1000000000ULL;
+        if (ext > e->ext_first && ticks >= 500 * dt && ticks <= 2000 * dt) {
+            e->unit_us = 1000;
+        } else if (ext > e->ext_first && ticks >= 500000 * dt && ticks <= 2000000 * dt) {
+            e->unit_us = 1;
+        } else {
+            e->t_first = now;
+            e->ext_first = ext;
+            return tcp_min;
+        }
+    }
+    s64 r = (s64)(now / 1000) - (s64)(ext * e->unit_us);
+    *rev = r;
+    net_roll(e, now, tcp_min);
+    if (r < e->r_cur)
+        e->r_cur = r;
+    u32 rt = e->rt_cur;
+    if (e->rt_prev && (!rt || e->rt_prev < rt))
+        rt = e->rt_prev;
+    if (rt) {
+        *from = NET_FROM_ROUND_TRIP;
+        return rt;
+    }
+    if (!e->anchor_rtt)
+        return tcp_min;
+    s64 rmin = e->r_cur < e->r_prev ? e->r_cur : e->r_prev;
+    s64 v = (s64)e->anchor_rtt + 2 * (rmin - e->anchor_r);
+    *from = NET_FROM_REVERSE;
+    return v > 0 && v < 0xffffffffLL ? (u32)v : 0;
+}
+
+/* A clean round trip (us) on socket sk at now (ns), whose answer came
+ * with reverse delay rev (us, R_NONE: unknown). */
+static __always_inline void net_clean_round_trip(u64 sk, u64 now, u64 rt_us, s64 rev)
+{
+    struct net_est *e = net_est.lookup(&sk);
+    if (!e || rt_us == 0 || rt_us >= 0xffffffffULL)
+        return;
+    net_roll(e, now, 0);
+    if (!e->rt_cur || rt_us < e->rt_cur)
+        e->rt_cur = rt_us;
+    if (rev < e->rt_r_cur)
+        e->rt_r_cur = rev;
+}
+
 static __always_inline int stage_prep(struct iscsi_task *task)
 {
     u64 key = (u64)task->sc;
@@ -358,11 +565,11 @@ static __always_inline int stage_rx(struct iscsi_task *task)
         bpf_probe_read_kernel(&op, sizeof(op), hdr);   /* iscsi_hdr.opcode */
     f->rx_op = op & 0x3f;
 #endif
-    /* rtt_min is a struct minmax { struct minmax_sample { u32 t, v; } s[3]; }:
-     * s[0].v, at +4, is tcp_min_rtt() (include/net/tcp.h); ~0 before any sample. */
-    u32 rtt = 0;
-    bpf_probe_read_kernel(&rtt, sizeof(rtt), (char *)f->sk + TCP_RTT_MIN_OFF + 4);
-    f->rtt_us = rtt;
+    f->rtt_us = net_round_trip(f->sk, f->ts_rx, &f->net_from, &f->rev_us);
+#if !HAVE_R2T
+    if (f->rx_op == ISCSI_OP_R2T && f->ts_sent && f->ts_rx > f->ts_sent)
+        net_clean_round_trip(f->sk, f->ts_rx, (f->ts_rx - f->ts_sent) / 1000, f->rev_us);
+#endif
     return 0;
 }
 
@@ -372,8 +579,12 @@ static __always_inline int stage_r2t(struct iscsi_task *task)
     if (!key)
         return 0;
     struct inflight *f = inflight.lookup(&key);
-    if (f)
-        __sync_fetch_and_add(&f->r2t, 1);
+    if (!f)
+        return 0;
+    /* The first R2T: the command PDU's round trip, without storage. The
+     * R2Ts of one task come one at a time, in its connection's receive path. */
+    if (f->r2t++ == 0 && f->sk && f->ts_sent && f->ts_rx > f->ts_sent)
+        net_clean_round_trip(f->sk, f->ts_rx, (f->ts_rx - f->ts_sent) / 1000, f->rev_us);
     return 0;
 }
 
@@ -427,7 +638,7 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
 #else
     int rx_before_sent = 0;
 #endif
-    if (f->ts_rx && !rx_before_sent && f->sk && f->rtt_us && f->rtt_us != 0xffffffff) {
+    if (f->ts_rx && !rx_before_sent && f->sk && f->rtt_us) {
         u64 rtt = (u64)f->rtt_us * 1000;
         u64 rx = f->ts_rx < sent ? sent : (f->ts_rx > now ? now : f->ts_rx);
         u64 first = rx - sent;
@@ -441,7 +652,7 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
         }
         t.net = net;
         t.target = t.resp - net;
-        t.split = 1;
+        t.split = f->net_from;
     } else {
         count(CTR_NOT_SPLIT);
     }

@@ -72,6 +72,40 @@ impl Direction {
     }
 }
 
+/// What a command's NET counted as the connection's round trip
+/// (`NET_FROM_*` of iscsi_stages.c, `net_round_trip`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetFrom {
+    /// The least clean round trip (command PDU to R2T) of the last 4-8 s.
+    RoundTrip,
+    /// The last clean round trip (or TCP's minimum RTT before one) plus
+    /// twice the change of the target-to-initiator delay since, measured
+    /// with the target's TCP timestamps: the path assumed symmetric.
+    ReverseDelay,
+    /// TCP's minimum RTT: no timestamp rate measured yet on the connection,
+    /// or the target sends no TCP timestamps.
+    TcpMinRtt,
+}
+
+impl NetFrom {
+    pub fn from_code(c: u8) -> Option<NetFrom> {
+        match c {
+            1 => Some(NetFrom::RoundTrip),
+            2 => Some(NetFrom::ReverseDelay),
+            3 => Some(NetFrom::TcpMinRtt),
+            _ => None,
+        }
+    }
+    /// The name JSON gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NetFrom::RoundTrip => "round-trip",
+            NetFrom::ReverseDelay => "reverse-delay",
+            NetFrom::TcpMinRtt => "tcp-min-rtt",
+        }
+    }
+}
+
 /// One timed SCSI command (isclatency's event).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Command {
@@ -83,6 +117,8 @@ pub struct Command {
     /// RESP's network and target shares (NET + TARGET = RESP), or None
     /// where the command could not be split.
     pub split: Option<(u64, u64)>,
+    /// What NET counted as a round trip, where split.
+    pub net_from: Option<NetFrom>,
     pub lun: u64,
     pub host: u32,
     pub channel: u32,
@@ -131,6 +167,7 @@ impl Command {
             resp,
             total,
             split: (split != 0).then_some((net, target)),
+            net_from: NetFrom::from_code(split),
             lun,
             host,
             channel,

@@ -132,33 +132,48 @@ pub fn from_btf(btf: &mut Loaded, parts: &[&str], modules: &[&str]) -> Result<Ke
 /// program compiled from the headers needs no networking headers: on 5.10
 /// `linux/net.h` and `linux/tcp.h` took what the stage programs include
 /// from 54,500 to 94,700 preprocessed lines and 2.6 times the parse.
-pub const NET_MEMBERS: [(&str, &str, &str); 3] = [
+pub const NET_MEMBERS: [(&str, &str, &str); 4] = [
     ("SOCKET_SK_OFF", "socket", "sk"),
     ("TCP_TOTAL_RETRANS_OFF", "tcp_sock", "total_retrans"),
     ("TCP_RTT_MIN_OFF", "tcp_sock", "rtt_min"),
+    ("TCP_RCV_TSVAL_OFF", "tcp_sock", "rx_opt.rcv_tsval"),
 ];
 
 /// The byte offsets of `NET_MEMBERS`, in order, from vmlinux's BTF.
-pub fn net_offsets(btf: &mut Loaded) -> Result<[u32; 3]> {
+pub fn net_offsets(btf: &mut Loaded) -> Result<[u32; NET_MEMBERS.len()]> {
     let views = btf.views(&[])?;
     offsets(&views, &NET_MEMBERS.map(|(_, s, m)| (s, m)))
 }
 
-/// The byte offsets of `(struct, member)` pairs in `views`.
+/// The byte offsets of `(struct, member)` pairs in `views`; a member may
+/// be a path into embedded structs (`rx_opt.rcv_tsval`).
 fn offsets<const N: usize>(views: &[View], members: &[(&str, &str); N]) -> Result<[u32; N]> {
     let index = Index::new(views);
     let mut out = [0u32; N];
-    for (o, (s, m)) in out.iter_mut().zip(members) {
-        let &(view, id) = index
+    for (o, (s, path)) in out.iter_mut().zip(members) {
+        let &(view, mut id) = index
             .structs
             .get(s.as_bytes())
             .ok_or_else(|| Error::kernel_types(format!("struct {s} is not in the kernel's BTF")))?;
-        let member = find_member(&view, &view.members(id), m)
-            .ok_or_else(|| Error::kernel_types(format!("struct {s} has no member {m}")))?;
-        if member.bitfield_size != 0 || member.bit_offset % 8 != 0 {
-            return Err(Error::kernel_types(format!("{s}.{m} is a bitfield")));
+        let mut bits = 0;
+        let mut parts = path.split('.').peekable();
+        while let Some(m) = parts.next() {
+            let member = find_member(&view, &view.members(id), m)
+                .ok_or_else(|| Error::kernel_types(format!("struct {s} has no member {path}")))?;
+            if member.bitfield_size != 0 || member.bit_offset % 8 != 0 {
+                return Err(Error::kernel_types(format!("{s}.{path} is a bitfield")));
+            }
+            bits += member.bit_offset;
+            if parts.peek().is_some() {
+                let (inner, t) =
+                    strip(&view, member.type_id).ok_or_else(|| Error::kernel_types("BTF type vanished"))?;
+                if t.kind != btf::KIND_STRUCT && t.kind != btf::KIND_UNION {
+                    return Err(Error::kernel_types(format!("{s}.{m} is not a struct")));
+                }
+                id = inner;
+            }
         }
-        *o = member.bit_offset / 8;
+        *o = bits / 8;
     }
     Ok(out)
 }
@@ -629,8 +644,11 @@ mod tests {
         let (vmlinux, module) = kernel();
         let views = [View { base: &vmlinux, split: None }, View { base: &vmlinux, split: Some(&module) }];
         assert_eq!(
-            offsets(&views, &[("cmd", "sdb"), ("cmd", "y"), ("cmd", "tag"), ("gendisk", "disk_name")]),
-            Ok([16, 8, 64, 8])
+            offsets(
+                &views,
+                &[("cmd", "sdb"), ("cmd", "y"), ("cmd", "tag"), ("gendisk", "disk_name"), ("cmd", "sdb.length")]
+            ),
+            Ok([16, 8, 64, 8, 32])
         );
         assert_eq!(offsets(&views, &[("cmd", "flags")]), Err(Error::kernel_types("cmd.flags is a bitfield")));
         assert_eq!(offsets(&views, &[("cmd", "nope")]), Err(Error::kernel_types("struct cmd has no member nope")));
@@ -648,7 +666,8 @@ mod tests {
         let spec = Spec::parse(crate::bpf::templates::ISCSI_STAGES).unwrap();
         for (ph, st, m) in NET_MEMBERS {
             let s = spec.structs.iter().find(|s| s.name == st).unwrap_or_else(|| panic!("no @struct {st}"));
-            assert!(s.members.iter().any(|(p, _)| p == &[m.to_string()]), "@struct {st} lacks {m}");
+            let path: Vec<String> = m.split('.').map(String::from).collect();
+            assert!(s.members.iter().any(|(p, _)| *p == path), "@struct {st} lacks {m}");
             assert!(crate::bpf::templates::ISCSI_STAGES.contains(&format!("{{{{{ph}}}}}")), "no placeholder {ph}");
         }
     }

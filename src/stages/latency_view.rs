@@ -165,6 +165,7 @@ impl LatencyView {
             .num("resp_ns", c.resp)
             .opt_num("net_ns", self.split(c).map(|s| s.0))
             .opt_num("target_ns", self.split(c).map(|s| s.1))
+            .opt_str("net_from", self.split(c).and(c.net_from).map(|f| f.name()))
             .num("total_ns", c.total)
             .opt_num("retrans", c.retrans)
             .opt_num("r2t", self.have_r2t.then_some(c.r2t))
@@ -282,7 +283,7 @@ fn columns(unit: Unit, timestamp: bool, set: Columns) -> Vec<Column> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bpf::events::Direction;
+    use crate::bpf::events::{Direction, NetFrom};
     use crate::kernel::headers::ScsiLayout;
     use std::path::Path;
 
@@ -317,6 +318,7 @@ mod tests {
             resp: 5_000_000,
             total: 6_000_000 + send,
             split: Some((1_250_000, 3_750_000)),
+            net_from: Some(NetFrom::ReverseDelay),
             lun: 0,
             host: 0,
             channel: 0,
@@ -426,7 +428,8 @@ mod tests {
         assert!(
             j.contains(&"\"net_ns\":1250000".to_string())
                 && j.contains(&"\"target_ns\":3750000".to_string())
-                && j.contains(&"\"retrans\":2".to_string()),
+                && j.contains(&"\"retrans\":2".to_string())
+                && j.contains(&"\"net_from\":\"reverse-delay\"".to_string()),
             "{j:?}"
         );
         // A command that could not be split, and one whose socket was gone.
@@ -436,7 +439,10 @@ mod tests {
             ["RESP(ms)", "NET(ms)", "TARGET(ms)", "TOTAL(ms)", "RETX"].iter().map(|n| cell(&v, &line, n)).collect();
         assert_eq!(got, ["5.000", "-", "-", "8.000", "-"], "{line}");
         let j = v.json(&c);
-        assert!(j.contains("\"net_ns\":null,\"target_ns\":null") && j.contains("\"retrans\":null"), "{j}");
+        assert!(
+            j.contains("\"net_ns\":null,\"target_ns\":null,\"net_from\":null") && j.contains("\"retrans\":null"),
+            "{j}"
+        );
         // A split that does not add up to RESP is never printed.
         let bad = Command { split: Some((4_000_000, 4_000_000)), ..cmd(2_000_000) };
         let line = v.row(&bad);

@@ -54,7 +54,7 @@ pub struct StagePlan {
     /// On the headers path, byte offsets of `kernel_types::NET_MEMBERS`
     /// from vmlinux's BTF; None: the program takes them from the types it
     /// compiles (BTF-written, or the networking headers).
-    pub net_offsets: Option<[u32; 3]>,
+    pub net_offsets: Option<[u32; kernel_types::NET_MEMBERS.len()]>,
     /// One line each for what this kernel cannot give, said once at start.
     pub notes: Vec<String>,
 }
@@ -280,7 +280,7 @@ struct Layout {
     scsi: ScsiLayout,
     types: Option<KernelTypes>,
     why_headers: Option<String>,
-    net_offsets: Option<[u32; 3]>,
+    net_offsets: Option<[u32; kernel_types::NET_MEMBERS.len()]>,
 }
 
 /// The kernel types from BTF and the SCSI layout they give, else the

@@ -16,6 +16,19 @@ impl Netem {
         Netem
     }
 }
+impl Netem {
+    /// netem on one direction only: the segments whose TCP `field`
+    /// ("sport" or "dport") is `port` (a prio qdisc whose fourth band holds
+    /// netem, a u32 filter sending them there).
+    pub fn one_way(field: &str, port: u16, spec: &str) -> Netem {
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
+        sh("modprobe -a sch_prio sch_netem cls_u32");
+        sh("tc qdisc add dev lo root handle 1: prio bands 4 priomap 1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1");
+        sh(&format!("tc qdisc add dev lo parent 1:4 handle 40: netem {spec}"));
+        sh(&format!("tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip {field} {port} 0xffff flowid 1:4"));
+        Netem
+    }
+}
 impl Drop for Netem {
     fn drop(&mut self) {
         let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).output();
@@ -126,6 +139,16 @@ impl SlowLun {
 }
 
 impl SlowLun {
+    /// Tell dm-delay to wait `delay_ms` from now on, with the LUN in use:
+    /// the table is swapped between suspend and resume.
+    pub fn set_delay(&self, delay_ms: u32) {
+        sh(&format!(
+            "dmsetup suspend --noudevsync lab_slow && \
+             dmsetup reload --noudevsync lab_slow --table \"0 $(blockdev --getsz /dev/ram0) delay /dev/ram0 0 {delay_ms}\" && \
+             dmsetup resume --noudevsync lab_slow"
+        ));
+    }
+
     /// Log out and in again: a new connection, with a floor RTT of its own.
     pub fn relogin(&mut self) {
         sh(&format!("iscsiadm -m node -T {} -p 127.0.0.1 -u >/dev/null", self.target));
