@@ -312,7 +312,9 @@ static __always_inline u32 sock_retrans(u64 sk)
  *   does; its absolute value holds an unknown clock offset, so only its
  *   changes are used. TSval ticks in ms (in us with the tcp_usec_ts route
  *   feature on the target, Linux 6.7+): the rate is measured over the first
- *   second. Its minimum over a window removes the ms truncation.
+ *   second. Its minimum over a window removes the ms truncation when the
+ *   answers leave at random phases of the tick; changes under one tick are
+ *   not followed.
  * - Clean round trips: a write's command PDU to its first R2T, which the
  *   target sends before touching storage (NET_FROM_ROUND_TRIP).
  *
@@ -480,7 +482,13 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u8 *from, s64 *rev)
     if (!e->anchor_rtt)
         return tcp_min;
     s64 rmin = e->r_cur < e->r_prev ? e->r_cur : e->r_prev;
-    s64 v = (s64)e->anchor_rtt + 2 * (rmin - e->anchor_r);
+    s64 dr = rmin - e->anchor_r;
+    /* A change of less than one TSval tick is not resolved: answers that
+     * leave on a fixed phase of the tick (a target completing from a timer)
+     * keep the same truncation in every sample, and minima do not remove it. */
+    if (dr < (s64)e->unit_us && dr > -(s64)e->unit_us)
+        dr = 0;
+    s64 v = (s64)e->anchor_rtt + 2 * dr;
     *from = NET_FROM_REVERSE;
     return v > 0 && v < 0xffffffffLL ? (u32)v : 0;
 }

@@ -172,22 +172,23 @@ fn netem_adds(plain: &[u64], delayed: &[u64]) -> (f64, f64) {
     adds
 }
 
-/// NET's change against `trips` of what netem adds to a round trip:
-/// within 15% of the range between the minimum's growth and the median's.
+/// NET's change against `trips` of what netem adds to a round trip: from
+/// 20% below the minimum's growth to 15% above the median's. Below, 20%:
+/// the anchor of the symmetric estimate is a clean round trip taken under
+/// netem's jitter (emulated: 1-2 ms), so after the delay is removed NET
+/// stays up to 2 ms high until the next clean round trip (measured on 6.1,
+/// docs/measurements.md).
 fn within_trips(net: f64, (min, median): (f64, f64), trips: f64) -> bool {
-    let (lo, hi) = (trips * min, trips * median);
-    if trips < 0.0 {
-        net >= 1.15 * lo && net <= 0.85 * hi
-    } else {
-        net >= 0.85 * lo && net <= 1.15 * hi
-    }
+    let (lo, hi) = ((trips * min).abs(), (trips * median).abs());
+    let n = net * trips.signum();
+    n >= 0.8 * lo && n <= 1.15 * hi
 }
 
 /// Everything with one start of isclatency, on one session of the plain
 /// LUN that never logs in again, and on a LUN on dm-delay:
 /// 1. netem delay on lo (both ways) added mid-session: NET's median moves
-///    by what netem adds to a round trip in this boot (UDP echoes: 15% of
-///    the range between its minimum's growth and its median's) from 10 s
+///    by what netem adds to a round trip in this boot (UDP echoes: from 20%
+///    below its minimum's growth to 15% above its median's) from 10 s
 ///    after it, once per round trip, TARGET's by at most 1 ms plus a fifth
 ///    of the change (what a delayed exchange takes beyond the round trip
 ///    under emulation); the same when it is removed; reads at iodepth 1
