@@ -201,8 +201,8 @@ fn within_trips(net: f64, (min, median): (f64, f64), trips: f64) -> bool {
 ///    follow the true change (half a round trip's worth each way, twice).
 ///    The errors against fio are printed for the README.
 /// 3. dm-delay's delay changed mid-session (suspend, reload, resume):
-///    TARGET moves by what the device added (15% of the range between what
-///    dm-delay is told and the device's time per I/O), NET by less than
+///    TARGET moves by what the device added (15% of the range spanned by
+///    what dm-delay is told, the device's time per I/O and fio's change), NET by less than
 ///    1 ms for reads and 2 ms for writes.
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
@@ -339,14 +339,15 @@ fn net_follows_network_changes_mid_session() {
             c.net / 1e6
         );
         check(dm > 2e6, format!("{what}: dm-delay added only {:.3} ms", dm / 1e6));
-        // What dm-delay adds lies between what it is told (6.12+ waits
-        // that long) and what the device's diskstats say (5.10 and 6.1 end
-        // each wait on a timer tick, 4 ms at HZ=250, and count whole
-        // ticks); fio's change also holds time outside RESP under
-        // emulation. TARGET within 15% of that range.
+        // What dm-delay adds, three ways, each off in its own way under
+        // emulation: what it is told (5.10 and 6.1 end each wait on a timer
+        // tick, 4 ms at HZ=250, so they add more), the device's diskstats
+        // (whole ticks there), fio's change (time outside RESP; on 7.3 it
+        // was below the device's: 7.12 ms for 8.02). TARGET within 15% of
+        // the range they span.
         let told = DM_MS as f64 * 1e6;
         check(
-            c.target >= 0.85 * told && c.target <= 1.15 * dm.max(c.fio),
+            c.target >= 0.85 * told.min(dm).min(c.fio) && c.target <= 1.15 * dm.max(c.fio),
             format!(
                 "{what}: TARGET moved {:.3} ms; dm-delay told {DM_MS} ms, the device {:.3} ms, fio {:.3} ms",
                 c.target / 1e6,
