@@ -344,10 +344,13 @@ fn net_follows_network_changes_mid_session() {
         // tick, 4 ms at HZ=250, so they add more), the device's diskstats
         // (whole ticks there), fio's change (time outside RESP; on 7.3 it
         // was below the device's: 7.12 ms for 8.02). TARGET within 15% of
-        // the range they span.
+        // the range they span, but for what NET took of it (bounded below):
+        // the R2T round trip that anchors NET here includes LIO's
+        // turnaround, which grows with its backend's delay under emulation
+        // (+0.3 to +1.2 ms seen).
         let told = DM_MS as f64 * 1e6;
         check(
-            c.target >= 0.85 * told.min(dm).min(c.fio) && c.target <= 1.15 * dm.max(c.fio),
+            c.target + c.net.max(0.0) >= 0.85 * told.min(dm).min(c.fio) && c.target <= 1.15 * dm.max(c.fio),
             format!(
                 "{what}: TARGET moved {:.3} ms; dm-delay told {DM_MS} ms, the device {:.3} ms, fio {:.3} ms",
                 c.target / 1e6,
