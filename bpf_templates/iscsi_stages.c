@@ -33,8 +33,7 @@
  * A command with no PDU back seen, or no socket (not iscsi_tcp), or no
  * round trip known, or whose first PDU back came before its send call
  * returned (a busy xmit worker: the round trip is then inside SEND and
- * cannot be
- * told apart), is not split (counted, shown as '-'). RETX: the socket's
+ * cannot be told apart), is not split (counted, shown as '-'). RETX: the socket's
  * total_retrans at completion minus at PDU preparation: TCP segments
  * retransmitted on the command's connection while it was in flight. */
 /* The kernel types read here. With BTF_TYPES, src/kernel/types.rs writes
@@ -507,6 +506,14 @@ static __always_inline void net_clean_round_trip(u64 sk, u64 now, u64 rt_us, s64
         e->rt_r_cur = rev;
 }
 
+/* A command's first PDU back was an R2T: its round trip from the command
+ * PDU handed to TCP is a clean one (the target sent it before storage). */
+static __always_inline void stage_first_r2t(struct inflight *f)
+{
+    if (f->sk && f->ts_sent && f->ts_rx > f->ts_sent)
+        net_clean_round_trip(f->sk, f->ts_rx, (f->ts_rx - f->ts_sent) / 1000, f->rev_us);
+}
+
 static __always_inline int stage_prep(struct iscsi_task *task)
 {
     u64 key = (u64)task->sc;
@@ -575,8 +582,8 @@ static __always_inline int stage_rx(struct iscsi_task *task)
 #endif
     f->rtt_us = net_round_trip(f->sk, f->ts_rx, &f->net_from, &f->rev_us);
 #if !HAVE_R2T
-    if (f->rx_op == ISCSI_OP_R2T && f->ts_sent && f->ts_rx > f->ts_sent)
-        net_clean_round_trip(f->sk, f->ts_rx, (f->ts_rx - f->ts_sent) / 1000, f->rev_us);
+    if (f->rx_op == ISCSI_OP_R2T)
+        stage_first_r2t(f);
 #endif
     return 0;
 }
@@ -589,10 +596,10 @@ static __always_inline int stage_r2t(struct iscsi_task *task)
     struct inflight *f = inflight.lookup(&key);
     if (!f)
         return 0;
-    /* The first R2T: the command PDU's round trip, without storage. The
-     * R2Ts of one task come one at a time, in its connection's receive path. */
-    if (f->r2t++ == 0 && f->sk && f->ts_sent && f->ts_rx > f->ts_sent)
-        net_clean_round_trip(f->sk, f->ts_rx, (f->ts_rx - f->ts_sent) / 1000, f->rev_us);
+    /* The R2Ts of one task come one at a time, in its connection's
+     * receive path. */
+    if (f->r2t++ == 0)
+        stage_first_r2t(f);
     return 0;
 }
 
