@@ -294,6 +294,21 @@ mod tests {
         Sample::new(layout::parse(template, "event").unwrap())
     }
 
+    /// NetFrom's codes are iscsi_stages.c's NET_FROM_* values.
+    #[test]
+    fn net_from_codes_match_iscsi_stages_c() {
+        let d = crate::bpf::layout::defines(crate::bpf::templates::ISCSI_STAGES);
+        for (name, want) in [
+            ("NET_FROM_ROUND_TRIP", NetFrom::RoundTrip),
+            ("NET_FROM_REVERSE", NetFrom::ReverseDelay),
+            ("NET_FROM_TCP_MIN", NetFrom::TcpMinRtt),
+        ] {
+            let code = *d.get(name).unwrap_or_else(|| panic!("no #define {name}"));
+            assert_eq!(NetFrom::from_code(code as u8), Some(want), "{name}");
+        }
+        assert_eq!(NetFrom::from_code(0), None);
+    }
+
     #[test]
     fn command_matches_isclatency_c() {
         let s = sample(templates::ISCLATENCY);

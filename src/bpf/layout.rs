@@ -30,7 +30,7 @@ impl Struct {
 }
 
 /// `#define NAME <number>` values of a text, plus the kernel's TASK_COMM_LEN.
-fn defines(text: &str) -> HashMap<String, usize> {
+pub fn defines(text: &str) -> HashMap<String, usize> {
     let mut m = HashMap::from([("TASK_COMM_LEN".to_string(), 16)]);
     for l in text.lines() {
         let mut it = l.split_whitespace();
