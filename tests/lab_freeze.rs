@@ -8,6 +8,7 @@ pub mod support {
     pub mod fio;
     pub mod json;
     pub mod lab;
+    pub mod margin;
     pub mod sessions;
     pub mod tools;
 }
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use storprototrace::cli::output::monotonic_ns;
+use support::margin::timing;
 use support::{fio::*, json::*, lab::*, sessions::*, tools::*};
 
 fn ms(ns: u64) -> f64 {
@@ -177,12 +179,14 @@ fn check_fio_held(r: &Run, d: &str, delayed: u64) {
     if r.said.contains("__bio_queue_enter is not traceable") {
         println!("this kernel cannot count bios waiting for an unfreeze; iscfreeze said: {}", r.said);
     } else {
-        assert!(delayed > 0, "fio waited behind at least one freeze");
+        // A coincidence of scheduling (about one switch in three holds fio):
+        // statistical, rerun once.
+        timing(delayed > 0, "fio waited behind at least one freeze");
     }
     // Under emulation 1-4 ms submissions happen anyway, so the check is that
     // fio's submissions were held by the freezes, not that there are none
     // elsewhere.
-    assert!(!in_switch.is_empty(), "fio's submissions were held during the freezes");
+    timing(!in_switch.is_empty(), "fio's submissions were held during the freezes");
 }
 
 #[test]
@@ -229,14 +233,16 @@ fn cut_the_link_30s() -> (u64, u64) {
     (loss_on, loss_off)
 }
 
-/// Wait (30 s at most) for the session to be LOGGED_IN again.
+/// Wait for the session to be LOGGED_IN again: 120 s at most (a hang, not
+/// slowness: it takes seconds), then fail saying so.
 fn wait_logged_in(states: &StateLog) {
-    for _ in 0..300 {
+    for _ in 0..1200 {
         if states.lock().unwrap().last().map(|(_, s)| s == "LOGGED_IN").unwrap_or(false) {
-            break;
+            return;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    panic!("the session was not LOGGED_IN again 120 s after the link came back: {:?}", states.lock().unwrap());
 }
 
 /// Every event iscfreeze printed.

@@ -9,6 +9,7 @@ pub mod support {
     pub mod fio;
     pub mod json;
     pub mod lab;
+    pub mod margin;
     pub mod prom;
     pub mod tools;
 }
@@ -17,6 +18,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use support::margin::{at_most, timing};
 use support::{faults::*, fio::*, json::*, lab::*, prom::*, tools::*};
 
 #[test]
@@ -95,9 +97,12 @@ fn iscstat_exact_counts_and_netem_agree_with_isclatency() {
     // Both tools time the same commands at the same probe points, but their
     // programs run one after the other at each point; under emulation that
     // (and a vCPU descheduled between them) costs tens to hundreds of us
-    // per command. Seen here: 0.5% apart on a quiet host, 4.8% with three
-    // VMs competing for two cores.
-    assert!((stat_mean / lat_mean - 1.0).abs() < 0.06, "the two tools disagree");
+    // per command. Seen here: 0.5% apart on a quiet host, 4.8% and 5.9%
+    // with three VMs competing for two cores: 8%.
+    timing(
+        at_most("TOTAL iscstat/isclatency - 1", (stat_mean / lat_mean - 1.0).abs(), 0.08),
+        format!("the two tools disagree: ratio {:.4}", stat_mean / lat_mean),
+    );
 }
 
 /// Per (sid, lun) command counts summed over every interval.

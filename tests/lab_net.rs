@@ -8,10 +8,12 @@ pub mod support {
     pub mod fio;
     pub mod json;
     pub mod lab;
+    pub mod margin;
     pub mod tools;
 }
 
 use serde_json::Value;
+use support::margin::{at_least, at_most, timing, within};
 use support::{faults::*, fio::*, json::*, lab::*, tools::*};
 
 /// The network's delay added mid-session, ms (each direction).
@@ -21,6 +23,30 @@ const DM_MS: u32 = 8;
 /// Writes of 256 KiB: an R2T each (more than the 8 KiB of immediate data
 /// LIO takes by default).
 const BIG: &str = "--bs=256k";
+
+/// NET's change under netem both ways, against `trips` x what netem adds to
+/// a round trip: from NET_LOW x the minimum's growth to 15% above the
+/// median's. Below, 20%: the anchor of the symmetric estimate is a clean
+/// round trip taken under netem's jitter (emulated: 1-2 ms), so after the
+/// delay is removed NET stays up to 2 ms high until the next clean round
+/// trip (81% seen on 6.1, docs/measurements.md).
+const NET_LOW: f64 = 0.8;
+/// The same for 256 KiB writes (two round trips, an R2T each), and for
+/// them one way (against the lesser of netem's growth and fio's change).
+/// Their NET is mostly 1.00-1.06 x netem's minimum growth, but in one 6.1
+/// run of ten it took a third less, every phase alike (0.72 both ways,
+/// 0.74 one way; TARGET +7.38 ms): 0.6 keeps such a run green and still
+/// fails an estimate that misses one of the two round trips (0.5)
+/// (docs/measurements.md, "Timing bounds and their spread").
+const BIG_WRITES_NET_LOW: f64 = 0.6;
+/// TARGET moves with the network (rises when it is added, falls when it is
+/// removed) by at most 1 ms plus this share of the change: what a delayed
+/// exchange takes beyond the round trip under emulation (+1.44 and -1.67 ms
+/// of about 10.5 seen on 6.1).
+const TARGET_SHARE: f64 = 0.2;
+/// The same for 256 KiB writes: +3.06 ms seen in a good run, +7.38 ms (0.35
+/// of netem's median growth) in the run whose NET took a third less.
+const BIG_WRITES_TARGET_SHARE: f64 = 0.4;
 
 /// Milliseconds since local midnight: isclatency -T prints completion times
 /// as local HH:MM:SS.mmm.
@@ -172,18 +198,6 @@ fn netem_adds(plain: &[u64], delayed: &[u64]) -> (f64, f64) {
     adds
 }
 
-/// NET's change against `trips` of what netem adds to a round trip: from
-/// 20% below the minimum's growth to 15% above the median's. Below, 20%:
-/// the anchor of the symmetric estimate is a clean round trip taken under
-/// netem's jitter (emulated: 1-2 ms), so after the delay is removed NET
-/// stays up to 2 ms high until the next clean round trip (measured on 6.1,
-/// docs/measurements.md).
-fn within_trips(net: f64, (min, median): (f64, f64), trips: f64) -> bool {
-    let (lo, hi) = ((trips * min).abs(), (trips * median).abs());
-    let n = net * trips.signum();
-    n >= 0.8 * lo && n <= 1.15 * hi
-}
-
 /// Everything with one start of isclatency, on one session of the plain
 /// LUN that never logs in again, and on a LUN on dm-delay:
 /// 1. netem delay on lo (both ways) added mid-session: NET's median moves
@@ -264,7 +278,8 @@ fn net_follows_network_changes_mid_session() {
     }
     let adds = netem_adds(&rt_plain, &rt_delayed);
 
-    // Every measure is printed before any is judged.
+    // Every measure is printed before any is judged; every judgment is a
+    // timing one (support::margin): the counts were asserted above.
     let mut failed: Vec<String> = Vec::new();
     let mut check = |ok: bool, why: String| {
         if !ok {
@@ -272,57 +287,82 @@ fn net_follows_network_changes_mid_session() {
             failed.push(why);
         }
     };
+    let ms = |ns: f64| ns / 1e6;
 
-    // 1. Both ways, added and removed.
+    // 1. Both ways, added and removed: NET's change (its sign taken out)
+    // against what netem adds to the round trips the workload crosses.
     let works = ["4 KiB reads, iodepth 1", "4 KiB reads, iodepth 8", "4 KiB writes", "256 KiB writes"];
     for (a, b, sign) in [("plain", "netem", 1.0), ("netem", "removed", -1.0)] {
         for what in works {
             let c = change(&cmds, &jobs, a, b, what, untimed);
-            let trips = if what == works[3] { 2.0 } else { 1.0 } * sign;
+            let big = what == works[3];
+            let trips = if big { 2.0 } else { 1.0 };
             println!(
                 "{a} -> {b}, {what}: NET {:+.3} ms for fio's {:+.3} ms ({:.0}%)",
-                c.net / 1e6,
-                c.fio / 1e6,
+                ms(c.net),
+                ms(c.fio),
                 100.0 * c.net / c.fio
             );
+            let low = if big { BIG_WRITES_NET_LOW } else { NET_LOW };
+            let (lo, hi) = (low * trips * adds.0, 1.15 * trips * adds.1);
             check(
-                within_trips(c.net, adds, trips),
-                format!(
-                    "{a} -> {b}, {what}: NET moved {:.3} ms, netem {:.3}..{:.3} ms",
-                    c.net / 1e6,
-                    trips * adds.0 / 1e6,
-                    trips * adds.1 / 1e6
-                ),
+                within(&format!("{a}->{b} {what} NET"), ms(c.net * sign), ms(lo), ms(hi)),
+                format!("{a} -> {b}, {what}: NET moved {:.3} ms, netem {:.3}..{:.3} ms", ms(c.net), ms(lo), ms(hi)),
             );
+            // What NET leaves of the network's change goes to TARGET: it must
+            // not rise (fall, when the delay is removed) by more than this.
+            // The other way TARGET may move freely: at iodepth 8 the
+            // target's own queueing shrinks while the network slows the
+            // commands down (-2.5 ms and -3.2 ms seen on 6.1), and comes back
+            // when it is removed; NET's upper bound catches an estimate that
+            // takes more than the network's change.
+            let t_share = if big { BIG_WRITES_TARGET_SHARE } else { TARGET_SHARE };
+            let t_hi = 1e6 + t_share * trips * adds.1;
             check(
-                c.target.abs() <= 1e6 + 0.2 * (trips * adds.1).abs(),
-                format!("{a} -> {b}, {what}: TARGET moved {:.3} ms with the network", c.target / 1e6),
+                at_most(&format!("{a}->{b} {what} TARGET"), ms(c.target * sign), ms(t_hi)),
+                format!("{a} -> {b}, {what}: TARGET moved {:.3} ms with the network", ms(c.target)),
             );
         }
     }
 
     // 2. One way.
+    let one_way = adds.0 / 2.0;
     for step in ["to the target", "from the target"] {
         for what in ["4 KiB reads, iodepth 1", "256 KiB writes"] {
             let c = change(&cmds, &jobs, "removed", step, what, untimed);
             println!(
                 "one way ({step}), {what}: NET {:+.3} ms for fio's {:+.3} ms: error {:+.3} ms",
-                c.net / 1e6,
-                c.fio / 1e6,
-                (c.net - c.fio) / 1e6
+                ms(c.net),
+                ms(c.fio),
+                ms(c.net - c.fio)
             );
+            let name = format!("one way {step} {what} NET");
             let ok = match (what, step) {
-                // No forward delay is seen without a clean round trip.
-                ("4 KiB reads, iodepth 1", "to the target") => c.net.abs() < 1e6,
+                // No forward delay is seen without a clean round trip (the
+                // limit is printed above, not asserted): NET moves by well
+                // under the delay (-0.01 to +1.31 ms seen for 5.1-5.4 ms
+                // one way), and the delay shows as TARGET instead.
+                ("4 KiB reads, iodepth 1", "to the target") => {
+                    let net_ok = within(&name, ms(c.net), -ms(one_way) / 2.0, ms(one_way) / 2.0);
+                    at_least(&format!("one way {step} {what} TARGET"), ms(c.target), 0.6 * ms(one_way)) && net_ok
+                }
                 // A reverse delay counted twice, capped by what each
                 // exchange took: between the true change and twice it.
-                ("4 KiB reads, iodepth 1", _) => c.net >= 0.85 * adds.0 / 2.0 && c.net <= 1.15 * adds.1,
+                ("4 KiB reads, iodepth 1", _) => within(&name, ms(c.net), 0.85 * ms(one_way), 1.15 * ms(adds.1)),
                 // Two round trips, each crossing the delay once; a reverse
                 // delay also slows the Data-Out, whose ACKs it holds (NET's
                 // transfer time): fio's change is the upper measure.
-                _ => c.net >= 0.85 * adds.0.min(c.fio) && c.net <= 1.15 * adds.1.max(c.fio),
+                _ => within(&name, ms(c.net), BIG_WRITES_NET_LOW * ms(adds.0.min(c.fio)), 1.15 * ms(adds.1.max(c.fio))),
             };
-            check(ok, format!("one way ({step}), {what}: NET moved {:.3} ms", c.net / 1e6));
+            check(
+                ok,
+                format!(
+                    "one way ({step}), {what}: NET moved {:.3} ms, TARGET {:.3} ms, netem {:.3} ms one way",
+                    ms(c.net),
+                    ms(c.target),
+                    ms(one_way)
+                ),
+            );
         }
     }
 
@@ -333,12 +373,12 @@ fn net_follows_network_changes_mid_session() {
         let dm = if what.contains("reads") { after.0 - before.0 } else { after.1 - before.1 };
         println!(
             "dm-delay {DM_MS} ms, {what}: the device's time per I/O {:+.3} ms, fio {:+.3} ms; TARGET {:+.3} ms, NET {:+.3} ms",
-            dm / 1e6,
-            c.fio / 1e6,
-            c.target / 1e6,
-            c.net / 1e6
+            ms(dm),
+            ms(c.fio),
+            ms(c.target),
+            ms(c.net)
         );
-        check(dm > 2e6, format!("{what}: dm-delay added only {:.3} ms", dm / 1e6));
+        check(dm > 2e6, format!("{what}: dm-delay added only {:.3} ms", ms(dm)));
         // What dm-delay adds, three ways, each off in its own way under
         // emulation: what it is told (5.10 and 6.1 end each wait on a timer
         // tick, 4 ms at HZ=250, so they add more), the device's diskstats
@@ -349,19 +389,23 @@ fn net_follows_network_changes_mid_session() {
         // turnaround, which grows with its backend's delay under emulation
         // (+0.3 to +1.2 ms seen).
         let told = DM_MS as f64 * 1e6;
+        let (lo, hi) = (0.85 * told.min(dm).min(c.fio), 1.15 * dm.max(c.fio));
+        let target_ok = within(&format!("dm-delay {what} TARGET+NET"), ms(c.target + c.net.max(0.0)), ms(lo), ms(hi))
+            && at_most(&format!("dm-delay {what} TARGET"), ms(c.target), ms(hi));
         check(
-            c.target + c.net.max(0.0) >= 0.85 * told.min(dm).min(c.fio) && c.target <= 1.15 * dm.max(c.fio),
+            target_ok,
             format!(
                 "{what}: TARGET moved {:.3} ms; dm-delay told {DM_MS} ms, the device {:.3} ms, fio {:.3} ms",
-                c.target / 1e6,
-                dm / 1e6,
-                c.fio / 1e6
+                ms(c.target),
+                ms(dm),
+                ms(c.fio)
             ),
         );
-        // Writes: NET counts R2T -> last Data-Out handed to TCP, which
-        // moves with the target's load under emulation.
-        let bound = if what.contains("reads") { 1e6 } else { 2e6 };
-        check(c.net.abs() < bound, format!("{what}: NET moved {:.3} ms with a delay inside the target", c.net / 1e6));
+        // NET does not take the target's delay (NET_MOVE_INSIDE_TARGET_NS).
+        check(
+            at_most(&format!("dm-delay {what} NET"), ms(c.net.abs()), ms(NET_MOVE_INSIDE_TARGET_NS)),
+            format!("{what}: NET moved {:.3} ms with a delay inside the target", ms(c.net)),
+        );
     }
-    assert!(failed.is_empty(), "{} failed:\n{}", failed.len(), failed.join("\n"));
+    timing(failed.is_empty(), format!("{} failed:\n{}", failed.len(), failed.join("\n")));
 }
