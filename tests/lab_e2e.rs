@@ -765,11 +765,8 @@ fn check_knobs(ph: &Phases, [b, n, bo, p2, sl]: [[(f64, f64); 2]; 5], (round_tri
     // device's own time per I/O (diskstats) is counted in whole timer ticks
     // for bio-based devices on 6.1 (4 ms at HZ=250) and runs about half a
     // tick high, since dm-delay ends its waits on a tick. A measure of the
-    // target's delay must lie from 25% below the lesser of the two to 25%
-    // above the greater: TARGET is 0.83-0.97 of the lesser across runs and
-    // kernels (fio's change also holds 1-2 ms outside RESP), and up to 1.12
-    // of the greater (both knobs, writes, 6.1).
-    let (low, high) = (0.75, 1.25);
+    // target's delay must lie in TARGET_RANGE of the two.
+    let (low, high) = TARGET_RANGE;
     let within_range =
         |check: &str, got: f64, a: f64, b: f64| within(check, ms(got), low * ms(a.min(b)), high * ms(a.max(b)));
     // Reads on the slow LUN keep the writes' R2T round trip (LIO's
@@ -814,7 +811,7 @@ fn check_knobs(ph: &Phases, [b, n, bo, p2, sl]: [[(f64, f64); 2]; 5], (round_tri
         timing(
             within_range(&format!("target knob {what} TARGET+NET"), dtarget + dnet.max(0.0), dm, fio_grew),
             format!(
-                "{what}: TARGET grew {:.3} ms (NET {:.3}), not within 25% of {:.3}..{:.3} ms",
+                "{what}: TARGET grew {:.3} ms (NET {:.3}), not in TARGET_RANGE of {:.3}..{:.3} ms",
                 ms(dtarget),
                 ms(dnet),
                 ms(dm.min(fio_grew)),
@@ -876,7 +873,7 @@ fn check_knobs(ph: &Phases, [b, n, bo, p2, sl]: [[(f64, f64); 2]; 5], (round_tri
         timing(
             meets,
             format!(
-                "{what}, both knobs: TARGET {:.3}..{:.3} ms above the plain LUN's with and without the delay (NET {:.3} ms beyond the network's share), not meeting {:.3}..{:.3} ms within 25%",
+                "{what}, both knobs: TARGET {:.3}..{:.3} ms above the plain LUN's with and without the delay (NET {:.3} ms beyond the network's share), not meeting TARGET_RANGE of {:.3}..{:.3} ms",
                 ms(dtarget),
                 ms(dtarget_with_drift),
                 ms(net_took),
