@@ -419,10 +419,17 @@ fn phase_split(
         // return (isclatency --help): rare at iodepth 1, most often on
         // loopback without netem, where the target can answer while the
         // xmit worker is still in its send call (7.3 trixie: 3 and 8 of 300
-        // reads, 2026-12-02; 6.1: 0 or 1 of 600): at most 1 in 20.
+        // reads, 2026-12-02; 6.1: 0 or 1 of 600): at most 1 in 20. Also
+        // where the estimate fell to zero or below, on a fresh connection
+        // whose first samples came late (a loaded host, 5.10: 299 of 300
+        // reads after a login, 2026-12-06, until a clean round trip): the
+        // share depends on scheduling, so the judgment is statistical.
         let all = c.len();
         let c: Vec<&Value> = c.into_iter().filter(|x| !x["net_ns"].is_null()).collect();
-        assert!((all - c.len()) * 20 <= all, "{what}: {} of {all} {dir} not split", all - c.len());
+        timing(
+            at_most(&format!("{what} {dir} not split"), (all - c.len()) as f64, all as f64 / 20.0),
+            format!("{what}: {} of {all} {dir} not split", all - c.len()),
+        );
         out[i] = (mean_of(&c, "net_ns"), mean_of(&c, "target_ns"));
         // TARGET's spread, to tell a shift of every command from a few
         // commands that took an extra round trip.
@@ -723,7 +730,10 @@ fn check_iodepth_32(ph: &Phases, cmds: &[Value], untimed: u64, (round_trip, roun
         );
         untimed_left -= missing;
         // Not split: the first PDU back came before the send call returned.
-        assert!(unsplit * 20 <= c.len(), "iodepth 32 on session {sid}: {unsplit} of {} commands not split", c.len());
+        timing(
+            at_most(&format!("iodepth 32 session {sid} not split"), unsplit as f64, c.len() as f64 / 20.0),
+            format!("iodepth 32 on session {sid}: {unsplit} of {} commands not split", c.len()),
+        );
         // Each command one exchange (4 KiB: no R2T). Per command NET can be
         // below the round trip: "sent" is when the send call returned, and
         // at iodepth 32 on two saturated emulated CPUs the xmit worker

@@ -139,13 +139,10 @@ fn median(mut v: Vec<u64>) -> f64 {
 fn split(cmds: &[Value], job: &Job, untimed: u64) -> (f64, f64) {
     let c = commands(cmds, job, untimed);
     let s: Vec<&Value> = c.iter().copied().filter(|c| !c["net_ns"].is_null()).collect();
-    assert!(
-        (c.len() - s.len()) * 20 <= c.len(),
-        "{} / {}: {} of {} not split",
-        job.step,
-        job.what,
-        c.len() - s.len(),
-        c.len()
+    // A share that depends on scheduling (lab_e2e's phase_split): statistical.
+    timing(
+        at_most(&format!("{} {} not split", job.step, job.what), (c.len() - s.len()) as f64, c.len() as f64 / 20.0),
+        format!("{} / {}: {} of {} not split", job.step, job.what, c.len() - s.len(), c.len()),
     );
     let from = |f: &str| s.iter().filter(|c| c.str("net_from") == f).count();
     let (net, target) =
