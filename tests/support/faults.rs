@@ -181,12 +181,12 @@ impl Drop for SlowLun {
 /// included, which grows with its backend's delay under emulation), and a
 /// write's NET also counts R2T -> Data-Out handed to TCP, which moves with
 /// the target's load (most likely the target reading its socket later
-/// while its backend is slow; not traced). Seen (NET's
-/// change, 6.1, 5.10, 7.3): reads -0.25 to +2.07 ms, writes -2.19 to
-/// +2.86 ms (the largest: 256 KiB writes with the host loaded, 6.1 and
-/// 5.10), against 8-12 ms for NET taking the delay: 4 ms
+/// while its backend is slow; not traced). Seen (NET's change, 6.1, 5.10,
+/// 7.3, 6.12): reads -0.25 to +2.07 ms, writes -2.19 to +3.89 ms (the
+/// largest: 256 KiB writes with the host loaded, 2.48 on 6.1, 2.86 and 3.89
+/// on 5.10), against 8-12 ms for NET taking the delay: 5 ms
 /// (docs/measurements.md, "Timing bounds and their spread").
-pub const NET_MOVE_INSIDE_TARGET_NS: f64 = 4e6;
+pub const NET_MOVE_INSIDE_TARGET_NS: f64 = 5e6;
 
 /// Where TARGET (with what NET took of it) must lie when the only change is
 /// a delay inside the target: from this share of the least measure of the
