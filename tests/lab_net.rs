@@ -179,18 +179,21 @@ fn change(cmds: &[Value], jobs: &Jobs, a: &str, b: &str, what: &'static str, unt
 /// What netem adds to a round trip in this boot (UDP echoes over lo without
 /// it and with it): (the minimum's growth, the median's), ns. NET counts a
 /// round trip from minima, fio's latency holds the typical one: the network's
-/// true change lies between the two.
+/// true change lies between the two. Returned as (the lesser, the greater):
+/// on a loaded host the plain median can be the noisy one (1.80 ms for a
+/// 0.57 ms minimum, 6.1, 2026-12-06), its growth then the lesser.
 fn netem_adds(plain: &[u64], delayed: &[u64]) -> (f64, f64) {
     let q = |v: &[u64], p: f64| v[((v.len() - 1) as f64 * p) as usize] as f64;
-    let adds = (q(delayed, 0.0) - q(plain, 0.0), q(delayed, 0.5) - q(plain, 0.5));
+    let (by_min, by_median) = (q(delayed, 0.0) - q(plain, 0.0), q(delayed, 0.5) - q(plain, 0.5));
+    let adds = (by_min.min(by_median), by_min.max(by_median));
     println!(
         "UDP round trips over lo: without netem min {:.3} median {:.3} ms; with delay {D_MS} ms each way min {:.3} median {:.3} ms: netem adds {:.3} (min) to {:.3} ms (median)",
-        q(plain, 0.0) / 1e6, q(plain, 0.5) / 1e6, q(delayed, 0.0) / 1e6, q(delayed, 0.5) / 1e6, adds.0 / 1e6, adds.1 / 1e6
+        q(plain, 0.0) / 1e6, q(plain, 0.5) / 1e6, q(delayed, 0.0) / 1e6, q(delayed, 0.5) / 1e6, by_min / 1e6, by_median / 1e6
     );
     assert!(
-        adds.0 > 1.9 * D_MS as f64 * 1e6,
+        by_min > 1.9 * D_MS as f64 * 1e6,
         "netem delay {D_MS} ms added only {:.3} ms to a round trip",
-        adds.0 / 1e6
+        by_min / 1e6
     );
     adds
 }
