@@ -747,7 +747,7 @@ fn check_iodepth_32(ph: &Phases, cmds: &[Value], untimed: u64, (round_trip, roun
         // (5.10: NET mean 12.28 ms for netem's 10.51 ms minimum growth). So
         // the mean lies below its median growth plus two ticks (or 15% above
         // it). Below: with the host loaded a session's estimate stayed low
-        // for a whole phase in three tries of eleven (NET mean 0.58-0.79 of
+        // for a whole phase in four tries of twelve (NET mean 0.58-0.79 of
         // netem's minimum growth, 7.3 and 6.1, 2026-12-06: isclatency(8)'s
         // limits), so half of it, which still fails a NET that misses the
         // round trip.
