@@ -46,6 +46,8 @@ struct Run {
     freezes: Vec<Value>,
     quiesces: Vec<Value>,
     slow: Vec<Value>,
+    /// The stretch before the first switch, fio running: (start, end).
+    unswitched: (u64, u64),
     switches: Vec<(u32, u64, u64)>,
     fio: Fio,
     fio_pid: u32,
@@ -53,27 +55,29 @@ struct Run {
     said: String,
 }
 
-/// fio writing to `disk` for `secs` seconds with iscfreeze and submitslower
-/// running; `k` scheduler switches (none <-> mq-deadline) in the middle.
-fn run_with_switches(disk: &str, k: usize, secs: u64) -> Run {
+/// fio writing to `disk` with iscfreeze and submitslower running (one start
+/// of each): first `unswitched` without any switch, then `k` scheduler
+/// switches (none <-> mq-deadline); fio runs until the last switch is done,
+/// however long the switches take, and is then stopped.
+fn run_with_switches(disk: &str, unswitched: Duration, k: usize) -> Run {
     let [fz, ss]: [Traced; 2] =
         start_together(&[("iscfreeze", &["--json", "-u", "0"]), ("submitslower", &["--json", "-m", "1", "--iscsi"])])
             .try_into()
             .ok()
             .unwrap();
-    let job =
-        fio_cmd(disk, "randwrite", 10_000_000, 8, &["--time_based", &format!("--runtime={secs}")]).spawn().unwrap();
+    let job = fio_cmd(disk, "randwrite", 10_000_000, 8, &["--time_based", "--runtime=3600"]).spawn().unwrap();
     let fio_pid = job.id();
-    std::thread::sleep(Duration::from_secs(3));
+    let t0 = monotonic_ns();
+    std::thread::sleep(unswitched);
+    let unswitched = (t0, monotonic_ns());
     let mut switches = Vec::new();
-    for i in 0..k {
+    for _ in 0..k {
         let to = if scheduler(disk) == "none" { "mq-deadline" } else { "none" };
         switches.push(switch(disk, to));
-        if i + 1 < k {
-            std::thread::sleep(Duration::from_millis(600));
-        }
+        // fio's submissions between switches, and after the last one
+        std::thread::sleep(Duration::from_millis(600));
     }
-    let f = fio_result(job.wait_with_output().unwrap());
+    let f = fio_stop(job);
     let (fz, ss) = (fz.stop(), ss.stop());
     assert!(fz.status.success(), "iscfreeze: {}", fz.stderr);
     assert!(ss.status.success(), "submitslower: {}", ss.stderr);
@@ -88,7 +92,7 @@ fn run_with_switches(disk: &str, k: usize, secs: u64) -> Run {
         fz.stderr.lines().filter(|l| !l.starts_with("Tracing")).collect::<Vec<_>>().join("\n")
     );
     let said = fz.stderr.lines().filter(|l| l.contains("note:")).collect::<Vec<_>>().join("\n");
-    Run { freezes: on("freeze"), quiesces: on("quiesce"), slow: ss.json(), switches, fio: f, fio_pid, said }
+    Run { freezes: on("freeze"), quiesces: on("quiesce"), slow: ss.json(), unswitched, switches, fio: f, fio_pid, said }
 }
 
 /// The `k` switches' run on `d`: fio's rate, then each freeze.
@@ -199,26 +203,25 @@ fn freeze_per_scheduler_switch_by_the_writer_and_none_without() {
     // (4 of 12 in three runs; one CI run saw 0 of 4): 12 switches make a
     // run where none holds it unlikely (under 1%).
     let k = 12;
-    let r = run_with_switches(&d, k, 12);
+    let before = scheduler(&d);
+    let r = run_with_switches(&d, Duration::from_secs(8), k);
+    assert_eq!(scheduler(&d), before, "an even number of switches ends where it began");
+
+    // Before the first switch, fio writing: no freeze and no quiesce at all.
+    let (u0, u1) = r.unswitched;
+    let first = r.switches[0].1;
+    let early: Vec<&Value> = r.freezes.iter().chain(&r.quiesces).filter(|e| e.u64("start_ns") < first).collect();
+    println!(
+        "no switching for {:.1} s with fio writing: {} freezes or quiesces before the first switch",
+        (u1 - u0) as f64 / 1e9,
+        early.len()
+    );
+    assert!(early.is_empty(), "a freeze or quiesce without a switch: {early:?}");
+
     print_freezes(&r, k, &d);
     let delayed = check_freezes(&r, k);
-
     // submitslower: fio's slow submissions, those during a switch and the others.
     check_fio_held(&r, &d, delayed);
-
-    // The same run without switching: no freeze at all.
-    let before = scheduler(&d);
-    let r0 = run_with_switches(&d, 0, 12);
-    assert_eq!(scheduler(&d), before);
-    let fio_slow0 = r0.slow.iter().filter(|s| s.str("comm") == "fio").count();
-    println!(
-        "no switching: {} I/Os, {} freezes, {} quiesces, {fio_slow0} slow submissions by fio",
-        r0.fio.ios(),
-        r0.freezes.len(),
-        r0.quiesces.len()
-    );
-    assert_eq!(r0.freezes.len(), 0, "no freeze without a switch: {:?}", r0.freezes);
-    assert_eq!(r0.quiesces.len(), 0, "no quiesce without a switch: {:?}", r0.quiesces);
 }
 
 /// Cut all traffic on lo for 30 s (netem loss 100%): when the loss began

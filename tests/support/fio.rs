@@ -47,10 +47,16 @@ pub fn fio_cmd(disk: &str, rw: &str, number_ios: u64, iodepth: u32, extra: &[&st
 pub fn fio_result(out: std::process::Output) -> Fio {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "fio failed: {text}{}", String::from_utf8_lossy(&out.stderr));
-    let start = text.find('{').expect("fio printed no JSON");
+    parse(&text)
+}
+
+/// fio's JSON output: its first job.
+fn parse(text: &str) -> Fio {
+    let start = text.find('{').unwrap_or_else(|| panic!("fio printed no JSON: {text}"));
     let j: Value =
         serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio's JSON does not parse ({e}): {text}"));
     let job = j.path("jobs.0");
+    assert_eq!(job.u64("error"), 0, "fio's job failed: {text}");
     Fio {
         reads: job.u64("read.total_ios"),
         writes: job.u64("write.total_ios"),
@@ -62,4 +68,17 @@ pub fn fio_result(out: std::process::Output) -> Fio {
 
 pub fn fio(disk: &str, rw: &str, number_ios: u64, iodepth: u32, extra: &[&str]) -> Fio {
     fio_result(fio_cmd(disk, rw, number_ios, iodepth, extra).output().expect("run fio"))
+}
+
+/// Stop a running fio (`fio_cmd(...).spawn()`, time-based) with SIGINT and
+/// read what it did until then. fio 3.33 prints its JSON and exits 128 when
+/// a signal ends its jobs: the status is not judged; the JSON must be whole
+/// and the job without error.
+pub fn fio_stop(job: std::process::Child) -> Fio {
+    let pid = job.id() as libc::pid_t;
+    // SAFETY: kill(2) on our own child, which is not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0, "SIGINT to fio {pid}");
+    let out = job.wait_with_output().expect("wait for fio");
+    println!("fio stopped by SIGINT: {}", out.status);
+    parse(&String::from_utf8_lossy(&out.stdout))
 }
