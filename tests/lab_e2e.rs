@@ -19,14 +19,10 @@ use std::time::Duration;
 use storprototrace::bpf::runner::{self, Probe};
 use storprototrace::bpf::templates::{self, Template};
 use storprototrace::iscsi::topology::Session;
-use support::margin::{at_least, at_most, timing, within};
+use support::margin::{at_least, at_most, ms, timing, within};
 use support::{faults::*, fio::*, json::*, lab::*, tools::*};
 
 const LAB: &str = "needs the iSCSI lab VM: run tests/all";
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
-}
 
 /// Every printed command obeys TOTAL = WAIT + SEND + RESP and, where RESP
 /// is split, NET + TARGET = RESP, and no value is longer than the tool ran
@@ -774,7 +770,6 @@ fn check_knobs(ph: &Phases, [b, n, bo, p2, sl]: [[(f64, f64); 2]; 5], (round_tri
     let (delayed, both, dm_both, plain, slowed, dm_slowed) =
         (&ph.delayed, &ph.both, ph.dm_both, &ph.plain, &ph.slowed, ph.dm_slowed);
     let fio_clat = |f: &(Fio, Fio), i: usize| if i == 0 { f.0.read_clat_mean_ns } else { f.1.write_clat_mean_ns };
-    let ms = |ns: f64| ns / 1e6;
     // What dm-delay adds, by two measures, each off in its own way here:
     // fio's latency (slow LUN minus plain, same job) also moves 1.5-5.7 ms
     // outside RESP from one phase to the next under emulation; the dm-delay

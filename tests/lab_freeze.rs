@@ -19,12 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use storprototrace::cli::output::monotonic_ns;
-use support::margin::timing;
+use support::margin::{ms, timing};
 use support::{fio::*, json::*, lab::*, sessions::*, tools::*};
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
-}
 
 fn scheduler(disk: &str) -> String {
     let text = std::fs::read_to_string(format!("/sys/block/{disk}/queue/scheduler")).unwrap();

@@ -13,7 +13,7 @@ pub mod support {
 }
 
 use serde_json::Value;
-use support::margin::{at_least, at_most, timing, within};
+use support::margin::{at_least, at_most, ms, timing, within};
 use support::{faults::*, fio::*, json::*, lab::*, tools::*};
 
 /// The network's delay added mid-session, ms (each direction).
@@ -289,7 +289,6 @@ fn net_follows_network_changes_mid_session() {
             failed.push(why);
         }
     };
-    let ms = |ns: f64| ns / 1e6;
 
     // 1. Both ways, added and removed: NET's change (its sign taken out)
     // against what netem adds to the round trips the workload crosses.

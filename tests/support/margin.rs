@@ -53,3 +53,26 @@ pub fn timing(ok: bool, why: impl std::fmt::Display) {
         panic!("{STATISTICAL}{why}");
     }
 }
+
+/// Nanoseconds as milliseconds, for judgments and messages: a count (u64),
+/// or a mean or a change, which may be negative (f64).
+pub fn ms(ns: impl Nanos) -> f64 {
+    ns.nanos() / 1e6
+}
+
+/// A number of nanoseconds, as `ms` takes it.
+pub trait Nanos {
+    fn nanos(self) -> f64;
+}
+
+impl Nanos for u64 {
+    fn nanos(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Nanos for f64 {
+    fn nanos(self) -> f64 {
+        self
+    }
+}
