@@ -39,7 +39,8 @@ BPF_PERF_OUTPUT(events);
 #define CTR_FREEZE_UNFILTERED 5  /* iscfreeze: freezes of disks not traced */
 #define CTR_SUBMIT_TIMED 6       /* submitslower: submissions timed */
 #define CTR_NOT_SPLIT 7          /* command timed, RESP not split into NET/TARGET */
-#define CTR_SLOTS 8
+#define CTR_NET_UNKNOWN 8        /* of those: no round trip known (network or target) */
+#define CTR_SLOTS 9
 BPF_ARRAY(counters, u64, CTR_SLOTS);
 
 static __always_inline void count(int slot)

@@ -31,9 +31,10 @@
  *   read / no R2T:  NET = min(rx - sent, RTT) + (done - rx)
  *   write with R2T: NET = min(rx - sent, RTT) + (dout - rx) + min(done - dout, RTT)
  * A command with no PDU back seen, or no socket (not iscsi_tcp), or no
- * round trip known, or whose first PDU back came before its send call
- * returned (a busy xmit worker: the round trip is then inside SEND and
- * cannot be told apart), is not split (counted, shown as '-'). RETX: the socket's
+ * round trip known (net_round_trip: then network or target cannot be told
+ * apart, counted on its own as well), or whose first PDU back came before
+ * its send call returned (a busy xmit worker: the round trip is then inside
+ * SEND and cannot be told apart), is not split (counted, shown as '-'). RETX: the socket's
  * total_retrans at completion minus at PDU preparation: TCP segments
  * retransmitted on the command's connection while it was in flight. */
 /* The kernel types read here. With BTF_TYPES, src/kernel/types.rs writes
@@ -103,9 +104,10 @@
  * never are), and the PDU's opcode need not be read. */
 #define HAVE_R2T {{HAVE_R2T}}
 #define FENTRY {{FENTRY}}
-/* Who issued each command and what it was: the process's name, the CDB's
- * opcode, the SCSI channel and target id. isclatency prints them; iscstat
- * does not, and saves their reads on every command. */
+/* Who issued each command and where: the process's name, the SCSI
+ * channel and target id. isclatency prints them; iscstat does not, and
+ * saves their reads on every command. The CDB's opcode is read for both:
+ * it tells the commands the target answers from memory (NO_MEDIA_OP). */
 #define WHO {{WHO}}
 
 /* From a scsi_cmnd to its iscsi_task: sc->SCp.ptr before 5.18, the
@@ -125,6 +127,11 @@
 #define ISCSI_OP_SCSI_RSP 0x21
 #define ISCSI_OP_DATA_IN 0x25
 #define ISCSI_OP_R2T 0x31
+/* SCSI commands the target answers from memory, without its storage (SPC,
+ * SBC): TEST UNIT READY, INQUIRY, MODE SENSE(6), READ CAPACITY(10), MODE
+ * SENSE(10), REPORT LUNS. Their exchange is a clean round trip. */
+#define NO_MEDIA_OP(op) ((op) == 0x00 || (op) == 0x12 || (op) == 0x1a || \
+                         (op) == 0x25 || (op) == 0x5a || (op) == 0xa0)
 /* RETX of a command whose connection's socket could not be read. */
 #define RETX_UNKNOWN 0xffffffff
 
@@ -209,9 +216,6 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
         return 0;
 
     f.bytes = sc->sdb.length;
-#if WHO
-    f.channel = sdev->channel;
-    f.id = sdev->id;
 #if CDB_POINTER
     unsigned char *cdb = NULL;
     bpf_probe_read_kernel(&cdb, sizeof(cdb), &sc->cmnd);
@@ -220,6 +224,9 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
 #else
     bpf_probe_read_kernel(&f.opcode, sizeof(f.opcode), &sc->cmnd[0]);
 #endif
+#if WHO
+    f.channel = sdev->channel;
+    f.id = sdev->id;
     bpf_get_current_comm(&f.comm, sizeof(f.comm));
 #endif
     f.ts_queue = bpf_ktime_get_ns();
@@ -311,26 +318,46 @@ static __always_inline u32 sock_retrans(u64 sk)
  *   does; its absolute value holds an unknown clock offset, so only its
  *   changes are used. TSval ticks in ms (in us with the tcp_usec_ts route
  *   feature on the target, Linux 6.7+): the rate is measured over the first
- *   second. Its minimum over a window removes the ms truncation when the
+ *   TSVAL_RATE_NS. Its minimum over a window removes the ms truncation when the
  *   answers leave at random phases of the tick; changes under one tick are
  *   not followed.
  * - Clean round trips: a write's command PDU to its first R2T, which the
- *   target sends before touching storage (NET_FROM_ROUND_TRIP).
+ *   target sends before touching storage, and a command the target answers
+ *   from memory (NO_MEDIA_OP: TEST UNIT READY, INQUIRY, MODE SENSE, READ
+ *   CAPACITY, REPORT LUNS; multipathd's path checker, udev and smartd send
+ *   them), its PDU to its first PDU back (NET_FROM_ROUND_TRIP).
+ * - Bounds: every command's own first exchange (its first PDU back minus
+ *   its send) is at least the round trip, and TCP's minimum RTT at most
+ *   (unless the network got faster without TCP taking a sample). Where the
+ *   least exchange seen in the last NET_RECENT_NS lies within NET_GAP_US of
+ *   TCP's minimum, the round trip is known that closely; where the gap is
+ *   wider (a network already slow when the tool started: TCP's minimum
+ *   holds its floor from before for its 300 s window), the target's time
+ *   and the network's cannot be told apart, and the command is not split.
  *
  * Minima are kept in two bins of NET_BIN_NS (the window: the last 4 to 8
  * s). The round trip is the minimum clean round trip in the window; else,
  * assuming the path is symmetric (a change of the reverse delay is matched
  * in the forward one), the anchor plus twice the change of the reverse
- * delay since (NET_FROM_REVERSE); else TCP's minimum RTT (no TSval yet, or
- * the target sends none: NET_FROM_TCP_MIN). The anchor is the last bin's
- * minimum clean round trip and the minimum reverse delay of the same clean
- * exchanges (so a change within the bin moves both alike), or, until a
- * bin has had clean round trips, TCP's minimum RTT and the first bin's
- * minimum reverse delay. */
+ * delay since (NET_FROM_REVERSE); else TCP's minimum RTT where the bounds
+ * hold it (no anchor yet, no TSval yet, or the target sends none:
+ * NET_FROM_TCP_MIN); else none. The anchor is the last bin's minimum clean
+ * round trip and the minimum reverse delay of the same clean exchanges (so
+ * a change within the bin moves both alike); or, in a bin without clean
+ * round trips and while no clean one has anchored it, TCP's minimum RTT
+ * where the bin's least exchange holds it (NET_GAP_US), with the minimum
+ * reverse delay of the same exchanges: an exchange from before a change
+ * and a reverse delay from after it are never paired. */
 #define NET_FROM_ROUND_TRIP 1
 #define NET_FROM_REVERSE 2
 #define NET_FROM_TCP_MIN 3
 #define NET_BIN_NS 4000000000ULL
+/* The bounds: how close (us) the least exchange must come to TCP's
+ * minimum RTT, and how long (ns) an exchange counts as recent. */
+#define NET_GAP_US 1000
+#define NET_RECENT_NS 500000000ULL
+/* The TSval rate is measured over at least this long (ns). */
+#define TSVAL_RATE_NS 100000000ULL
 #define R_NONE 0x7fffffffffffffffLL
 /* A TSval that moved more than this away from the clock is a new
  * connection on a reused socket address: its state starts again. */
@@ -351,7 +378,10 @@ struct net_est {
     u32 rt_cur;        /* min clean round trip in the bin, us (0: none) */
     u32 rt_prev;
     u32 anchor_rtt;    /* us; 0: none yet */
-    u32 pad;
+    u32 anchor_clean;  /* anchor_rtt is a clean round trip */
+    u32 ub_cur;        /* least exchange of the bin's samples with r, us (0: none) */
+    u32 recent_ub;     /* least exchange seen recently, us (0: none) */
+    u64 recent_t;      /* when, ns */
 };
 
 BPF_TABLE("lru_hash", u64, struct net_est, net_est, 4096);
@@ -372,6 +402,33 @@ static __always_inline void net_restart(struct net_est *e, u64 now, u32 tsval)
     e->rt_cur = 0;
     e->rt_prev = 0;
     e->anchor_rtt = 0;
+    e->anchor_clean = 0;
+    e->ub_cur = 0;
+    e->recent_ub = 0;
+    e->recent_t = now;
+}
+
+/* TCP's minimum RTT (us) if an exchange of ub us bounds it within
+ * NET_GAP_US, else 0. */
+static __always_inline u32 net_bounded(u32 tcp_min, u32 ub)
+{
+    if (!tcp_min || !ub)
+        return 0;
+    s64 gap = (s64)ub - (s64)tcp_min;
+    return gap <= NET_GAP_US && gap >= -NET_GAP_US ? tcp_min : 0;
+}
+
+/* Take a command's own exchange (us, 0: none) as a recent bound, and
+ * return TCP's minimum RTT if the least recent one holds it, else 0. */
+static __always_inline u32 net_floor(struct net_est *e, u64 now, u32 first_us, u32 tcp_min)
+{
+    if (first_us && (!e->recent_ub || first_us <= e->recent_ub || now - e->recent_t > NET_RECENT_NS)) {
+        e->recent_ub = first_us;
+        e->recent_t = now;
+    }
+    if (now - e->recent_t > NET_RECENT_NS)
+        return 0;
+    return net_bounded(tcp_min, e->recent_ub);
 }
 
 /* Start a new bin once the current one is NET_BIN_NS old, anchoring the
@@ -383,7 +440,8 @@ static __always_inline void net_roll(struct net_est *e, u64 now, u32 tcp_min)
     if (e->rt_cur && e->rt_r_cur != R_NONE) {
         e->anchor_rtt = e->rt_cur;
         e->anchor_r = e->rt_r_cur;
-    } else if (e->r_cur != R_NONE && !e->anchor_rtt && tcp_min) {
+        e->anchor_clean = 1;
+    } else if (e->r_cur != R_NONE && !e->anchor_clean && net_bounded(tcp_min, e->ub_cur)) {
         e->anchor_rtt = tcp_min;
         e->anchor_r = e->r_cur;
     }
@@ -397,6 +455,7 @@ static __always_inline void net_roll(struct net_est *e, u64 now, u32 tcp_min)
     e->r_cur = R_NONE;
     e->rt_r_cur = R_NONE;
     e->rt_cur = 0;
+    e->ub_cur = 0;
     e->bin_start = now;
 }
 
@@ -410,12 +469,13 @@ static __always_inline u32 tcp_min_rtt_us(u64 sk)
     return rtt == 0xffffffff ? 0 : rtt;
 }
 
-/* At the first PDU back for a command (now: its arrival, ns): take the
- * segment's TSval, which TCP parsed just before it called the socket's
- * data_ready (iscsi_tcp reads PDUs from there), and return the round trip
- * (us, 0: unknown) and what it came from; *rev: the reverse delay (us,
- * R_NONE: unknown). */
-static __always_inline u32 net_round_trip(u64 sk, u64 now, u8 *from, s64 *rev)
+/* At the first PDU back for a command (now: its arrival, ns; first_us:
+ * its exchange, arrival minus send, us, 0: not known): take the segment's
+ * TSval, which TCP parsed just before it called the socket's data_ready
+ * (iscsi_tcp reads PDUs from there), and return the round trip (us, 0:
+ * unknown) and what it came from; *rev: the reverse delay (us, R_NONE:
+ * unknown). */
+static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *from, s64 *rev)
 {
     *rev = R_NONE;
     u32 tsval = 0;
@@ -426,8 +486,9 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u8 *from, s64 *rev)
     if (!e) {
         struct net_est n = {};
         net_restart(&n, now, tsval);
+        u32 v = net_floor(&n, now, first_us, tcp_min);
         net_est.update(&sk, &n);
-        return tcp_min;
+        return v;
     }
     s32 d = (s32)(tsval - e->ts_last);
     s64 elapsed_us = (s64)((now - e->t_last) / 1000);
@@ -435,7 +496,7 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u8 *from, s64 *rev)
         s64 ticked_us = (s64)d * e->unit_us;
         if (ticked_us - elapsed_us > TSVAL_JUMP_US || elapsed_us - ticked_us > TSVAL_JUMP_US) {
             net_restart(e, now, tsval);
-            return tcp_min;
+            return net_floor(e, now, first_us, tcp_min);
         }
     }
     u64 ext = e->ext_last + (s64)d;
@@ -444,14 +505,15 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u8 *from, s64 *rev)
         e->ts_last = tsval;
     }
     e->t_last = now;
+    u32 floor = net_floor(e, now, first_us, tcp_min);
     if (!e->unit_us) {
         u64 dt = now - e->t_first;
-        if (dt < 1000000000ULL)
-            return tcp_min;
+        if (dt < TSVAL_RATE_NS)
+            return floor;
         if (dt > 100000000000ULL) {    /* idle since: measure from here */
             e->t_first = now;
             e->ext_first = ext;
-            return tcp_min;
+            return floor;
         }
         /* ticks per second: 500..2000 is ms, 500k..2M is us; else (no
          * timestamps, a stalled clock) measure again from here */
@@ -463,14 +525,19 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u8 *from, s64 *rev)
         } else {
             e->t_first = now;
             e->ext_first = ext;
-            return tcp_min;
+            return floor;
         }
     }
     s64 r = (s64)(now / 1000) - (s64)(ext * e->unit_us);
     *rev = r;
     net_roll(e, now, tcp_min);
-    if (r < e->r_cur)
-        e->r_cur = r;
+    /* r_cur and ub_cur over the same exchanges: the anchor pairs them. */
+    if (first_us) {
+        if (r < e->r_cur)
+            e->r_cur = r;
+        if (!e->ub_cur || first_us < e->ub_cur)
+            e->ub_cur = first_us;
+    }
     u32 rt = e->rt_cur;
     if (e->rt_prev && (!rt || e->rt_prev < rt))
         rt = e->rt_prev;
@@ -479,7 +546,7 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u8 *from, s64 *rev)
         return rt;
     }
     if (!e->anchor_rtt)
-        return tcp_min;
+        return floor;
     s64 rmin = e->r_cur < e->r_prev ? e->r_cur : e->r_prev;
     s64 dr = rmin - e->anchor_r;
     /* A change of less than one TSval tick is not resolved: answers that
@@ -506,9 +573,10 @@ static __always_inline void net_clean_round_trip(u64 sk, u64 now, u64 rt_us, s64
         e->rt_r_cur = rev;
 }
 
-/* A command's first PDU back was an R2T: its round trip from the command
- * PDU handed to TCP is a clean one (the target sent it before storage). */
-static __always_inline void stage_first_r2t(struct inflight *f)
+/* A command's first PDU back was an R2T, or it is one the target answers
+ * from memory: its round trip from the command PDU handed to TCP is a
+ * clean one (the target sent it before storage). */
+static __always_inline void stage_clean_round_trip(struct inflight *f)
 {
     if (f->sk && f->ts_sent && f->ts_rx > f->ts_sent)
         net_clean_round_trip(f->sk, f->ts_rx, (f->ts_rx - f->ts_sent) / 1000, f->rev_us);
@@ -580,11 +648,18 @@ static __always_inline int stage_rx(struct iscsi_task *task)
         bpf_probe_read_kernel(&op, sizeof(op), hdr);   /* iscsi_hdr.opcode */
     f->rx_op = op & 0x3f;
 #endif
-    f->rtt_us = net_round_trip(f->sk, f->ts_rx, &f->net_from, &f->rev_us);
+    /* The exchange: from the send (PDU preparation without HAVE_SENT). */
+    u64 sent = HAVE_SENT ? f->ts_sent : f->ts_prep;
+    u32 first_us = 0;
+    if (sent && f->ts_rx > sent && f->ts_rx - sent < 0xffffffffULL * 1000)
+        first_us = (f->ts_rx - sent) / 1000;
+    f->rtt_us = net_round_trip(f->sk, f->ts_rx, first_us, &f->net_from, &f->rev_us);
 #if !HAVE_R2T
     if (f->rx_op == ISCSI_OP_R2T)
-        stage_first_r2t(f);
+        stage_clean_round_trip(f);
 #endif
+    if (NO_MEDIA_OP(f->opcode))
+        stage_clean_round_trip(f);
     return 0;
 }
 
@@ -599,7 +674,7 @@ static __always_inline int stage_r2t(struct iscsi_task *task)
     /* The R2Ts of one task come one at a time, in its connection's
      * receive path. */
     if (f->r2t++ == 0)
-        stage_first_r2t(f);
+        stage_clean_round_trip(f);
     return 0;
 }
 
@@ -670,6 +745,8 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
         t.split = f->net_from;
     } else {
         count(CTR_NOT_SPLIT);
+        if (f->ts_rx && !rx_before_sent && f->sk)
+            count(CTR_NET_UNKNOWN);
     }
 #endif
     struct scsi_cmnd *sc = task->sc;

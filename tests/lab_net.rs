@@ -13,6 +13,7 @@ pub mod support {
 }
 
 use serde_json::Value;
+use std::time::Duration;
 use support::margin::{at_least, at_most, ms, timing, within};
 use support::{faults::*, fio::*, json::*, lab::*, tools::*};
 
@@ -407,6 +408,169 @@ fn net_follows_network_changes_mid_session() {
             at_most(&format!("dm-delay {what} NET"), ms(c.net.abs()), ms(NET_MOVE_INSIDE_TARGET_NS)),
             format!("{what}: NET moved {:.3} ms with a delay inside the target", ms(c.net)),
         );
+    }
+    timing(failed.is_empty(), format!("{} failed:\n{}", failed.len(), failed.join("\n")));
+}
+
+/// A TEST UNIT READY to `disk` every `every`, as multipathd's path checker
+/// sends them, on a thread of its own until dropped; `first_ms`: when the
+/// first was answered (now_ms).
+struct Turs {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u32>>,
+    first_ms: i64,
+}
+
+impl Turs {
+    fn start(disk: &str, every: std::time::Duration) -> Turs {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let first = std::sync::mpsc::channel();
+        let (disk, flag) = (disk.to_string(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut sent = 0;
+            while !flag.load(Ordering::Relaxed) {
+                let status = storprototrace::iscsi::tur::test_unit_ready(&disk, 10_000)
+                    .unwrap_or_else(|e| panic!("TEST UNIT READY: {e}"));
+                assert_eq!(status, 0, "TEST UNIT READY to {disk}: status {status:#x}");
+                if sent == 0 {
+                    first.0.send(now_ms()).unwrap();
+                }
+                sent += 1;
+                let t = std::time::Instant::now();
+                while t.elapsed() < every && !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+            sent
+        });
+        let first_ms = first.1.recv().expect("the first TEST UNIT READY");
+        Turs { stop, thread: Some(thread), first_ms }
+    }
+    /// Stop and return how many were sent.
+    fn stop(mut self) -> u32 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().expect("the TEST UNIT READY thread")
+    }
+}
+
+impl Drop for Turs {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A tool started while the network is already slow (netem both ways,
+/// added after the connection's traffic had set TCP's minimum RTT), one
+/// start of isclatency for three stretches, reads at iodepth 1 and 4 KiB
+/// writes (immediate data, no R2T) in each:
+/// 1. No command the target answers from memory: no command is split with
+///    NET below half of what netem adds to a round trip in this boot; the
+///    rest are not split, and the exit summary counts them as "round trip
+///    not known".
+/// 2. A TEST UNIT READY every 2 s (multipathd's path checker): from the
+///    first one on, at least 80% of the commands are split, NET's median
+///    within 15% (or 1 ms) of netem's addition.
+/// 3. The delay removed, the TEST UNIT READYs going on: from 2.5 s after,
+///    at least 80% split, NET's median below a quarter of netem's addition.
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn net_known_only_from_evidence_when_started_into_a_slow_network() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let disk = lab.disks[0].clone();
+    // Traffic without the delay: TCP's minimum RTT is the loopback's, and
+    // keeps it for its 300 s window.
+    fio(&disk, "randread", 50, 1, &[]);
+    let rt_plain = udp_round_trips(100);
+    let mut jobs = Jobs::default();
+    let delay = Netem::add(&format!("delay {D_MS}ms"));
+    let rt_delayed = udp_round_trips(100);
+    let lat = start("isclatency", &["-u", "0", "--json", "-T"]);
+    let works = ["4 KiB reads, iodepth 1", "4 KiB writes"];
+    let stretch = |jobs: &mut Jobs, step: &'static str| {
+        jobs.run((step, works[0]), &disk, "randread", 150, 1, &[]);
+        jobs.run((step, works[1]), &disk, "randwrite", 100, 1, &[]);
+    };
+    stretch(&mut jobs, "no evidence");
+    let turs = Turs::start(&disk, Duration::from_secs(2));
+    stretch(&mut jobs, "TEST UNIT READY every 2 s");
+    drop(delay);
+    std::thread::sleep(Duration::from_millis(2500));
+    stretch(&mut jobs, "delay removed");
+    let first_tur_ms = turs.first_ms;
+    let sent = turs.stop();
+    let out = lat.stop();
+    assert!(out.status.success(), "{}", out.stderr);
+    let cmds = out.json();
+    let untimed = out.untimed();
+    println!("isclatency: {}", out.stderr.lines().rfind(|l| l.contains("commands shown")).unwrap_or(""));
+    let adds = netem_adds(&rt_plain, &rt_delayed);
+    let turs_seen: Vec<&Value> = cmds.iter().filter(|c| c.str("dir") == "-" && c.str("disk") == disk).collect();
+    println!("{sent} TEST UNIT READYs sent, {} traced on {disk}", turs_seen.len());
+    assert!(
+        turs_seen.len() as u32 <= sent && sent - turs_seen.len() as u32 <= untimed as u32,
+        "{sent} sent, {} traced",
+        turs_seen.len()
+    );
+
+    // 1. Every command either unsplit or split with NET above half of
+    // netem's addition; the unsplit ones counted with their reason.
+    let mut unsplit = 0;
+    for what in works {
+        let job = jobs.get("no evidence", what);
+        let c = commands(&cmds, job, untimed);
+        let s: Vec<u64> = c.iter().filter(|c| !c["net_ns"].is_null()).map(|c| c.u64("net_ns")).collect();
+        unsplit += c.len() - s.len();
+        let low = s.iter().filter(|&&n| (n as f64) < adds.0 / 2.0).count();
+        println!(
+            "no evidence / {what}: {} commands, {} split ({low} with NET below {:.3} ms), fio clat mean {:.3} ms",
+            c.len(),
+            s.len(),
+            ms(adds.0 / 2.0),
+            ms(job.fio.clat_mean_ns())
+        );
+        assert_eq!(
+            low,
+            0,
+            "no evidence / {what}: {low} commands split with NET below half of netem's {:.3} ms",
+            ms(adds.0)
+        );
+    }
+    let unknown = out.summary_if("with the round trip not known").unwrap_or(0);
+    assert!(
+        unknown >= unsplit as u64,
+        "{unsplit} commands not split before any evidence, {unknown} counted as round trip not known"
+    );
+
+    // 2 and 3: the share split, NET's median against netem's addition.
+    let mut failed: Vec<String> = Vec::new();
+    for (step, lo, hi) in [
+        ("TEST UNIT READY every 2 s", (0.85 * adds.0).min(adds.0 - 1e6), (1.15 * adds.1).max(adds.1 + 1e6)),
+        ("delay removed", 0.0, adds.0 / 4.0),
+    ] {
+        for what in works {
+            let job = jobs.get(step, what);
+            // Every command of these stretches came after the first TEST UNIT READY.
+            let c = commands(&cmds, job, untimed);
+            assert!(job.from_ms >= first_tur_ms);
+            let s: Vec<u64> = c.iter().filter(|c| !c["net_ns"].is_null()).map(|c| c.u64("net_ns")).collect();
+            let net = if s.is_empty() { f64::NAN } else { median(s.clone()) };
+            println!(
+                "{step} / {what}: {} of {} split, NET median {:.3} ms ({:.3}..{:.3}), fio clat mean {:.3} ms",
+                s.len(),
+                c.len(),
+                ms(net),
+                ms(lo),
+                ms(hi),
+                ms(job.fio.clat_mean_ns())
+            );
+            let ok = at_least(&format!("{step} {what} split"), s.len() as f64, 0.8 * c.len() as f64)
+                && within(&format!("{step} {what} NET"), ms(net), ms(lo), ms(hi));
+            if !ok {
+                failed.push(format!("{step} / {what}: {} of {} split, NET median {:.3} ms", s.len(), c.len(), ms(net)));
+            }
+        }
     }
     timing(failed.is_empty(), format!("{} failed:\n{}", failed.len(), failed.join("\n")));
 }

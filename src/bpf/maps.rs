@@ -29,10 +29,14 @@ pub enum Counter {
     /// (no PDU back seen, not iscsi_tcp, no RTT sample yet, or the first
     /// PDU back came before the send call returned).
     NotSplit = 7,
+    /// Of the commands not split: those whose connection's round trip was
+    /// not known (no clean round trip, and TCP's minimum RTT not held by
+    /// the exchanges seen: network or target cannot be told apart).
+    NetUnknown = 8,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 8] = [
+    pub const ALL: [Counter; 9] = [
         Counter::Lost,
         Counter::EndedNoResponse,
         Counter::DispatchBusy,
@@ -41,6 +45,7 @@ impl Counter {
         Counter::FreezeUnfiltered,
         Counter::SubmitTimed,
         Counter::NotSplit,
+        Counter::NetUnknown,
     ];
     /// The commands a stage tool did not count, each by its reason (the
     /// exporter's lost commands, iscstat's per-interval lost).
@@ -57,6 +62,7 @@ impl Counter {
             Counter::FreezeUnfiltered => "freeze_unfiltered",
             Counter::SubmitTimed => "submit_timed",
             Counter::NotSplit => "resp_not_split",
+            Counter::NetUnknown => "resp_net_unknown",
         }
     }
 
@@ -71,6 +77,7 @@ impl Counter {
             Counter::FreezeUnfiltered => "CTR_FREEZE_UNFILTERED",
             Counter::SubmitTimed => "CTR_SUBMIT_TIMED",
             Counter::NotSplit => "CTR_NOT_SPLIT",
+            Counter::NetUnknown => "CTR_NET_UNKNOWN",
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The iSCSI topology from sysfs: sessions, connections, LUNs and their
-//! disks, and block device numbers and names.
+//! disks, and block device numbers and names; a TEST UNIT READY to a disk.
 
 pub mod blockdev;
 pub mod topology;
+pub mod tur;

@@ -323,17 +323,21 @@ impl Tracing {
         use crate::bpf::maps::{self, Counter};
         let mut counters = self.bpf.table("counters")?;
         let mut c = |k| maps::counter(&mut counters, k);
-        let (lost, ended, unseen, not_split) = (
+        let (lost, ended, unseen, not_split, net_unknown) = (
             c(Counter::Lost) + c(Counter::InflightFull) + extra_lost,
             c(Counter::EndedNoResponse),
             c(Counter::EndNotSeen),
             c(Counter::NotSplit),
+            c(Counter::NetUnknown),
         );
         let in_flight = maps::count_entries(&mut self.bpf.table("inflight")?, 1 << 16);
         let skipped = self.links.missed();
         let mut line = format!("{lost} events lost, {ended} ended without a response, {in_flight} still in flight");
         if self.plan.have_rx {
             line += &format!(", {not_split} timed without a NET/TARGET split");
+            if net_unknown > 0 {
+                line += &format!(" ({net_unknown} with the round trip not known)");
+            }
         }
         if unseen + skipped > 0 {
             line += &format!(", {unseen} ends not seen, {skipped} probe hits skipped by the kernel");

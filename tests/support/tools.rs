@@ -87,7 +87,7 @@ impl Finished {
         Some(
             before
                 .trim_end()
-                .rsplit([' ', ','])
+                .rsplit([' ', ',', '('])
                 .next()
                 .unwrap()
                 .parse()
