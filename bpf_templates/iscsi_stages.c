@@ -380,8 +380,13 @@ struct net_est {
     u32 anchor_rtt;    /* us; 0: none yet */
     u32 anchor_clean;  /* anchor_rtt is a clean round trip */
     u32 ub_cur;        /* least exchange of the bin's samples with r, us (0: none) */
-    u32 recent_ub;     /* least exchange seen recently, us (0: none) */
-    u64 recent_t;      /* when, ns */
+    s64 rt_r_prev;     /* rt_r_cur of the bin before */
+    /* The recent window: two bins of NET_RECENT_NS / 2. */
+    u64 rec_start;     /* ns */
+    s64 rec_r_cur;     /* least reverse delay (R_NONE: none) */
+    s64 rec_r_prev;
+    u32 rec_ub_cur;    /* least exchange, us (0: none) */
+    u32 rec_ub_prev;
 };
 
 BPF_TABLE("lru_hash", u64, struct net_est, net_est, 4096);
@@ -404,8 +409,12 @@ static __always_inline void net_restart(struct net_est *e, u64 now, u32 tsval)
     e->anchor_rtt = 0;
     e->anchor_clean = 0;
     e->ub_cur = 0;
-    e->recent_ub = 0;
-    e->recent_t = now;
+    e->rt_r_prev = R_NONE;
+    e->rec_start = now;
+    e->rec_r_cur = R_NONE;
+    e->rec_r_prev = R_NONE;
+    e->rec_ub_cur = 0;
+    e->rec_ub_prev = 0;
 }
 
 /* TCP's minimum RTT (us) if an exchange of ub us bounds it within
@@ -418,17 +427,24 @@ static __always_inline u32 net_bounded(u32 tcp_min, u32 ub)
     return gap <= NET_GAP_US && gap >= -NET_GAP_US ? tcp_min : 0;
 }
 
-/* Take a command's own exchange (us, 0: none) as a recent bound, and
- * return TCP's minimum RTT if the least recent one holds it, else 0. */
+/* Take a command's own exchange (us, 0: none) into the recent window, and
+ * return TCP's minimum RTT if the window's least exchange holds it, else 0. */
 static __always_inline u32 net_floor(struct net_est *e, u64 now, u32 first_us, u32 tcp_min)
 {
-    if (first_us && (!e->recent_ub || first_us <= e->recent_ub || now - e->recent_t > NET_RECENT_NS)) {
-        e->recent_ub = first_us;
-        e->recent_t = now;
+    u64 age = now - e->rec_start;
+    if (age >= NET_RECENT_NS / 2) {
+        e->rec_ub_prev = age < NET_RECENT_NS ? e->rec_ub_cur : 0;
+        e->rec_r_prev = age < NET_RECENT_NS ? e->rec_r_cur : R_NONE;
+        e->rec_ub_cur = 0;
+        e->rec_r_cur = R_NONE;
+        e->rec_start = now;
     }
-    if (now - e->recent_t > NET_RECENT_NS)
-        return 0;
-    return net_bounded(tcp_min, e->recent_ub);
+    if (first_us && (!e->rec_ub_cur || first_us < e->rec_ub_cur))
+        e->rec_ub_cur = first_us;
+    u32 ub = e->rec_ub_cur;
+    if (e->rec_ub_prev && (!ub || e->rec_ub_prev < ub))
+        ub = e->rec_ub_prev;
+    return net_bounded(tcp_min, ub);
 }
 
 /* Start a new bin once the current one is NET_BIN_NS old, anchoring the
@@ -448,9 +464,11 @@ static __always_inline void net_roll(struct net_est *e, u64 now, u32 tcp_min)
     if (now - e->bin_start < 2 * NET_BIN_NS) {
         e->r_prev = e->r_cur;
         e->rt_prev = e->rt_cur;
+        e->rt_r_prev = e->rt_r_cur;
     } else {
         e->r_prev = R_NONE;
         e->rt_prev = 0;
+        e->rt_r_prev = R_NONE;
     }
     e->r_cur = R_NONE;
     e->rt_r_cur = R_NONE;
@@ -537,17 +555,35 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
             e->r_cur = r;
         if (!e->ub_cur || first_us < e->ub_cur)
             e->ub_cur = first_us;
+        if (r < e->rec_r_cur)
+            e->rec_r_cur = r;
     }
+    s64 rmin = e->r_cur < e->r_prev ? e->r_cur : e->r_prev;
+    /* The bins' minima show a rise only once they age out (up to 2 x
+     * NET_BIN_NS); the recent window's within NET_RECENT_NS. A recent
+     * least reverse delay above the bins' by more than NET_GAP_US and a
+     * tick is a rise of the network's delay: it is followed from there. */
+    s64 recent = e->rec_r_cur < e->rec_r_prev ? e->rec_r_cur : e->rec_r_prev;
+    s64 rise = (s64)NET_GAP_US + (s64)e->unit_us;
     u32 rt = e->rt_cur;
-    if (e->rt_prev && (!rt || e->rt_prev < rt))
+    s64 rt_r = e->rt_r_cur;
+    if (e->rt_prev && (!rt || e->rt_prev < rt)) {
         rt = e->rt_prev;
+        rt_r = e->rt_r_prev;
+    }
     if (rt) {
-        *from = NET_FROM_ROUND_TRIP;
-        return rt;
+        if (recent == R_NONE || rt_r == R_NONE || recent - rt_r <= rise) {
+            *from = NET_FROM_ROUND_TRIP;
+            return rt;
+        }
+        s64 v = (s64)rt + 2 * (recent - rt_r);
+        *from = NET_FROM_REVERSE;
+        return v > 0 && v < 0xffffffffLL ? (u32)v : 0;
     }
     if (!e->anchor_rtt)
         return floor;
-    s64 rmin = e->r_cur < e->r_prev ? e->r_cur : e->r_prev;
+    if (recent != R_NONE && recent - rmin > rise)
+        rmin = recent;
     s64 dr = rmin - e->anchor_r;
     /* A change of less than one TSval tick is not resolved: answers that
      * leave on a fixed phase of the tick (a target completing from a timer)

@@ -460,14 +460,16 @@ impl Drop for Turs {
     }
 }
 
-/// A tool started while the network is already slow (netem both ways,
-/// added after the connection's traffic had set TCP's minimum RTT), one
-/// start of isclatency for three stretches, reads at iodepth 1 and 4 KiB
-/// writes (immediate data, no R2T) in each:
-/// 1. No command the target answers from memory: no command is split with
-///    NET below half of what netem adds to a round trip in this boot; the
-///    rest are not split, and the exit summary counts them as "round trip
-///    not known".
+/// NET before any clean round trip, one start of isclatency, two sessions
+/// whose connections had traffic without a delay (TCP's minimum RTT is the
+/// loopback's, for its 300 s window). On session B the tool sees a burst
+/// of reads, then netem's delay (both ways) is added; session A's first
+/// traffic the tool sees comes after the delay: a tool started while the
+/// network is already slow. Reads at iodepth 1 and 4 KiB writes (immediate
+/// data, no R2T) in each stretch:
+/// 1. On B after the change, then on A: no command is split with NET below
+///    half of what netem adds to a round trip in this boot; the rest are
+///    not split, and the exit summary counts them as "round trip not known".
 /// 2. A TEST UNIT READY every 2 s (multipathd's path checker): from the
 ///    first one on, at least 80% of the commands are split, NET's median
 ///    within 15% (or 1 ms) of netem's addition.
@@ -479,25 +481,28 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
     let lab = lab();
     quiet_disks(&lab);
     let disk = lab.disks[0].clone();
-    // Traffic without the delay: TCP's minimum RTT is the loopback's, and
-    // keeps it for its 300 s window.
-    fio(&disk, "randread", 50, 1, &[]);
+    let disk_b = lab.disks.iter().find(|d| sid_of(d) != sid_of(&disk)).expect("a disk on a second session").clone();
+    for d in [&disk, &disk_b] {
+        fio(d, "randread", 50, 1, &[]);
+    }
     let rt_plain = udp_round_trips(100);
     let mut jobs = Jobs::default();
-    let delay = Netem::add(&format!("delay {D_MS}ms"));
-    let rt_delayed = udp_round_trips(100);
     let lat = start("isclatency", &["-u", "0", "--json", "-T"]);
     let works = ["4 KiB reads, iodepth 1", "4 KiB writes"];
-    let stretch = |jobs: &mut Jobs, step: &'static str| {
-        jobs.run((step, works[0]), &disk, "randread", 150, 1, &[]);
-        jobs.run((step, works[1]), &disk, "randwrite", 100, 1, &[]);
+    let stretch = |jobs: &mut Jobs, step: &'static str, disk: &str| {
+        jobs.run((step, works[0]), disk, "randread", 150, 1, &[]);
+        jobs.run((step, works[1]), disk, "randwrite", 100, 1, &[]);
     };
-    stretch(&mut jobs, "no evidence");
+    jobs.run(("burst", "4 KiB reads"), &disk_b, "randread", 100, 1, &[]);
+    let delay = Netem::add(&format!("delay {D_MS}ms"));
+    let rt_delayed = udp_round_trips(100);
+    stretch(&mut jobs, "changed after first seen", &disk_b);
+    stretch(&mut jobs, "no evidence", &disk);
     let turs = Turs::start(&disk, Duration::from_secs(2));
-    stretch(&mut jobs, "TEST UNIT READY every 2 s");
+    stretch(&mut jobs, "TEST UNIT READY every 2 s", &disk);
     drop(delay);
     std::thread::sleep(Duration::from_millis(2500));
-    stretch(&mut jobs, "delay removed");
+    stretch(&mut jobs, "delay removed", &disk);
     let first_tur_ms = turs.first_ms;
     let sent = turs.stop();
     let out = lat.stop();
@@ -517,25 +522,25 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
     // 1. Every command either unsplit or split with NET above half of
     // netem's addition; the unsplit ones counted with their reason.
     let mut unsplit = 0;
-    for what in works {
-        let job = jobs.get("no evidence", what);
+    for (step, what) in ["changed after first seen", "no evidence"].into_iter().flat_map(|s| works.map(|w| (s, w))) {
+        let job = jobs.get(step, what);
         let c = commands(&cmds, job, untimed);
         let s: Vec<u64> = c.iter().filter(|c| !c["net_ns"].is_null()).map(|c| c.u64("net_ns")).collect();
         unsplit += c.len() - s.len();
         let low = s.iter().filter(|&&n| (n as f64) < adds.0 / 2.0).count();
+        let from = |f: &str| c.iter().filter(|c| !c["net_ns"].is_null() && c.str("net_from") == f).count();
         println!(
-            "no evidence / {what}: {} commands, {} split ({low} with NET below {:.3} ms), fio clat mean {:.3} ms",
+            "{step} / {what}: {} commands, {} split ({low} with NET below {:.3} ms; from round trips {}, reverse delay {}, TCP's minimum RTT {}), NET median {:.3} ms, fio clat mean {:.3} ms",
             c.len(),
             s.len(),
             ms(adds.0 / 2.0),
+            from("round-trip"),
+            from("reverse-delay"),
+            from("tcp-min-rtt"),
+            if s.is_empty() { f64::NAN } else { ms(median(s.clone())) },
             ms(job.fio.clat_mean_ns())
         );
-        assert_eq!(
-            low,
-            0,
-            "no evidence / {what}: {low} commands split with NET below half of netem's {:.3} ms",
-            ms(adds.0)
-        );
+        assert_eq!(low, 0, "{step} / {what}: {low} commands split with NET below half of netem's {:.3} ms", ms(adds.0));
     }
     let unknown = out.summary_if("with the round trip not known").unwrap_or(0);
     assert!(
