@@ -336,7 +336,12 @@ static __always_inline u32 sock_retrans(u64 sk)
  *   and the network's cannot be told apart, and the command is not split.
  *
  * Minima are kept in two bins of NET_BIN_NS (the window: the last 4 to 8
- * s). The round trip is the minimum clean round trip in the window; else,
+ * s), and the least reverse delay and exchange also in a recent window
+ * (two bins of NET_RECENT_NS / 2), which shows a rise of the network's
+ * delay within NET_RECENT_NS where the bins' minima hold the old floor
+ * until they age out: a recent least reverse delay more than NET_GAP_US
+ * and a tick above the one the round trip counts from is followed from
+ * there. The round trip is the minimum clean round trip in the window; else,
  * assuming the path is symmetric (a change of the reverse delay is matched
  * in the forward one), the anchor plus twice the change of the reverse
  * delay since (NET_FROM_REVERSE); else TCP's minimum RTT where the bounds

@@ -412,69 +412,26 @@ fn net_follows_network_changes_mid_session() {
     timing(failed.is_empty(), format!("{} failed:\n{}", failed.len(), failed.join("\n")));
 }
 
-/// A TEST UNIT READY to `disk` every `every`, as multipathd's path checker
-/// sends them, on a thread of its own until dropped; `first_ms`: when the
-/// first was answered (now_ms).
-struct Turs {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<u32>>,
-    first_ms: i64,
-}
-
-impl Turs {
-    fn start(disk: &str, every: std::time::Duration) -> Turs {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let first = std::sync::mpsc::channel();
-        let (disk, flag) = (disk.to_string(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let mut sent = 0;
-            while !flag.load(Ordering::Relaxed) {
-                let status = storprototrace::iscsi::tur::test_unit_ready(&disk, 10_000)
-                    .unwrap_or_else(|e| panic!("TEST UNIT READY: {e}"));
-                assert_eq!(status, 0, "TEST UNIT READY to {disk}: status {status:#x}");
-                if sent == 0 {
-                    first.0.send(now_ms()).unwrap();
-                }
-                sent += 1;
-                let t = std::time::Instant::now();
-                while t.elapsed() < every && !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-            }
-            sent
-        });
-        let first_ms = first.1.recv().expect("the first TEST UNIT READY");
-        Turs { stop, thread: Some(thread), first_ms }
-    }
-    /// Stop and return how many were sent.
-    fn stop(mut self) -> u32 {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.take().unwrap().join().expect("the TEST UNIT READY thread")
-    }
-}
-
-impl Drop for Turs {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// NET before any clean round trip, one start of isclatency, two sessions
-/// whose connections had traffic without a delay (TCP's minimum RTT is the
-/// loopback's, for its 300 s window). On session B the tool sees a burst
-/// of reads, then netem's delay (both ways) is added; session A's first
-/// traffic the tool sees comes after the delay: a tool started while the
-/// network is already slow. Reads at iodepth 1 and 4 KiB writes (immediate
-/// data, no R2T) in each stretch:
+/// NET before any clean round trip, two sessions whose connections had
+/// traffic without a delay (TCP's minimum RTT is the loopback's, for its
+/// 300 s window). isclatency (the watcher) sees a burst of reads on session
+/// B, then netem's delay (both ways) is added; session A's first traffic it
+/// sees comes after the delay: a tool started while the network is already
+/// slow. Reads at iodepth 1 and 4 KiB writes (immediate data, no R2T) in
+/// each stretch:
 /// 1. On B after the change, then on A: no command is split with NET below
 ///    half of what netem adds to a round trip in this boot; the rest are
 ///    not split, and the exit summary counts them as "round trip not known".
-/// 2. A TEST UNIT READY every 2 s (multipathd's path checker): from the
-///    first one on, at least 80% of the commands are split, NET's median
-///    within 15% (or 1 ms) of netem's addition.
+/// 2. A second isclatency started with `--tur 2 --disk A` (the prober): a
+///    TEST UNIT READY every 2 s, as multipathd's path checker sends, for
+///    the watcher; and the active probe, started during the incident, for
+///    the prober. From then on, in both, at least 80% of the commands are
+///    split, NET's median within 15% (or 1 ms) of the round trip under the
+///    delay (UDP echoes: from 15% below their minimum to 15% above their
+///    median).
 /// 3. The delay removed, the TEST UNIT READYs going on: from 2.5 s after,
-///    at least 80% split, NET's median below a quarter of netem's addition.
+///    in both, at least 80% split, NET's median below a quarter of netem's
+///    addition.
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn net_known_only_from_evidence_when_started_into_a_slow_network() {
@@ -487,7 +444,7 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
     }
     let rt_plain = udp_round_trips(100);
     let mut jobs = Jobs::default();
-    let lat = start("isclatency", &["-u", "0", "--json", "-T"]);
+    let watcher = start("isclatency", &["-u", "0", "--json", "-T"]);
     let works = ["4 KiB reads, iodepth 1", "4 KiB writes"];
     let stretch = |jobs: &mut Jobs, step: &'static str, disk: &str| {
         jobs.run((step, works[0]), disk, "randread", 150, 1, &[]);
@@ -498,25 +455,30 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
     let rt_delayed = udp_round_trips(100);
     stretch(&mut jobs, "changed after first seen", &disk_b);
     stretch(&mut jobs, "no evidence", &disk);
-    let turs = Turs::start(&disk, Duration::from_secs(2));
+    let prober = start("isclatency", &["-u", "0", "--json", "-T", "--tur", "2", "--disk", &disk]);
     stretch(&mut jobs, "TEST UNIT READY every 2 s", &disk);
     drop(delay);
     std::thread::sleep(Duration::from_millis(2500));
     stretch(&mut jobs, "delay removed", &disk);
-    let first_tur_ms = turs.first_ms;
-    let sent = turs.stop();
-    let out = lat.stop();
-    assert!(out.status.success(), "{}", out.stderr);
-    let cmds = out.json();
-    let untimed = out.untimed();
-    println!("isclatency: {}", out.stderr.lines().rfind(|l| l.contains("commands shown")).unwrap_or(""));
+    let (prober, watcher) = (prober.stop(), watcher.stop());
+    for out in [&watcher, &prober] {
+        assert!(out.status.success(), "{}", out.stderr);
+        println!("isclatency: {}", out.stderr.lines().rfind(|l| l.contains("commands shown")).unwrap_or(""));
+    }
     let adds = netem_adds(&rt_plain, &rt_delayed);
-    let turs_seen: Vec<&Value> = cmds.iter().filter(|c| c.str("dir") == "-" && c.str("disk") == disk).collect();
-    println!("{sent} TEST UNIT READYs sent, {} traced on {disk}", turs_seen.len());
+    let (cmds, untimed) = (watcher.json(), watcher.untimed());
+    let answered = prober.summary("TEST UNIT READYs answered");
+    let tur_line = prober.stderr.lines().find(|l| l.contains("TEST UNIT READYs answered")).unwrap();
+    let failed_turs: u64 =
+        tur_line.rsplit(", ").next().and_then(|f| f.strip_suffix(" failed")).unwrap().parse().unwrap();
+    let traced = cmds.iter().filter(|c| c.str("dir") == "-" && c.str("disk") == disk).count() as u64;
+    println!(
+        "prober: {answered} TEST UNIT READYs answered, {failed_turs} failed; the watcher traced {traced} on {disk}"
+    );
+    assert_eq!(failed_turs, 0, "{}", prober.stderr);
     assert!(
-        turs_seen.len() as u32 <= sent && sent - turs_seen.len() as u32 <= untimed as u32,
-        "{sent} sent, {} traced",
-        turs_seen.len()
+        answered >= 3 && (answered..=answered + 1 + untimed).contains(&traced),
+        "{answered} answered, {traced} traced"
     );
 
     // 1. Every command either unsplit or split with NET above half of
@@ -542,38 +504,50 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
         );
         assert_eq!(low, 0, "{step} / {what}: {low} commands split with NET below half of netem's {:.3} ms", ms(adds.0));
     }
-    let unknown = out.summary_if("with the round trip not known").unwrap_or(0);
+    let unknown = watcher.summary_if("with the round trip not known").unwrap_or(0);
     assert!(
         unknown >= unsplit as u64,
         "{unsplit} commands not split before any evidence, {unknown} counted as round trip not known"
     );
 
-    // 2 and 3: the share split, NET's median against netem's addition.
+    // 2 and 3, in both tools: the share split, NET's median against the
+    // round trip under the delay (UDP echoes: its minimum to its median).
+    let delayed = (rt_delayed[0] as f64, rt_delayed[rt_delayed.len() / 2] as f64);
     let mut failed: Vec<String> = Vec::new();
-    for (step, lo, hi) in [
-        ("TEST UNIT READY every 2 s", (0.85 * adds.0).min(adds.0 - 1e6), (1.15 * adds.1).max(adds.1 + 1e6)),
-        ("delay removed", 0.0, adds.0 / 4.0),
-    ] {
-        for what in works {
-            let job = jobs.get(step, what);
-            // Every command of these stretches came after the first TEST UNIT READY.
-            let c = commands(&cmds, job, untimed);
-            assert!(job.from_ms >= first_tur_ms);
-            let s: Vec<u64> = c.iter().filter(|c| !c["net_ns"].is_null()).map(|c| c.u64("net_ns")).collect();
-            let net = if s.is_empty() { f64::NAN } else { median(s.clone()) };
-            println!(
-                "{step} / {what}: {} of {} split, NET median {:.3} ms ({:.3}..{:.3}), fio clat mean {:.3} ms",
-                s.len(),
-                c.len(),
-                ms(net),
-                ms(lo),
-                ms(hi),
-                ms(job.fio.clat_mean_ns())
-            );
-            let ok = at_least(&format!("{step} {what} split"), s.len() as f64, 0.8 * c.len() as f64)
-                && within(&format!("{step} {what} NET"), ms(net), ms(lo), ms(hi));
-            if !ok {
-                failed.push(format!("{step} / {what}: {} of {} split, NET median {:.3} ms", s.len(), c.len(), ms(net)));
+    for (tool, out) in [("watcher", &watcher), ("prober", &prober)] {
+        let (cmds, untimed) = (out.json(), out.untimed());
+        for (step, lo, hi) in [
+            (
+                "TEST UNIT READY every 2 s",
+                (0.85 * delayed.0).min(delayed.0 - 1e6),
+                (1.15 * delayed.1).max(delayed.1 + 1e6),
+            ),
+            ("delay removed", 0.0, adds.0 / 4.0),
+        ] {
+            for what in works {
+                let job = jobs.get(step, what);
+                let c = commands(&cmds, job, untimed);
+                let s: Vec<u64> = c.iter().filter(|c| !c["net_ns"].is_null()).map(|c| c.u64("net_ns")).collect();
+                let net = if s.is_empty() { f64::NAN } else { median(s.clone()) };
+                println!(
+                    "{tool}, {step} / {what}: {} of {} split, NET median {:.3} ms ({:.3}..{:.3}), fio clat mean {:.3} ms",
+                    s.len(),
+                    c.len(),
+                    ms(net),
+                    ms(lo),
+                    ms(hi),
+                    ms(job.fio.clat_mean_ns())
+                );
+                let ok = at_least(&format!("{tool} {step} {what} split"), s.len() as f64, 0.8 * c.len() as f64)
+                    && within(&format!("{tool} {step} {what} NET"), ms(net), ms(lo), ms(hi));
+                if !ok {
+                    failed.push(format!(
+                        "{tool}, {step} / {what}: {} of {} split, NET median {:.3} ms",
+                        s.len(),
+                        c.len(),
+                        ms(net)
+                    ));
+                }
             }
         }
     }

@@ -11,6 +11,7 @@ use storprototrace::cli::output::{Clock, Unit};
 use storprototrace::cli::{self, Common, Threshold};
 use storprototrace::stages::filters::Filters;
 use storprototrace::stages::latency_view::{Columns, LatencyView};
+use storprototrace::stages::tur_probe::{self, TurFlag, TurProbe};
 use storprototrace::start::{Startup, Tracer};
 use storprototrace::{error, stages, Result};
 
@@ -33,6 +34,7 @@ const EXAMPLES: &str = "examples:
     isclatency --sid 1 -w      # writes of session 1 only
     isclatency --target 'storage0[12]' --lun 0
     isclatency --disk sdb -T   # one disk, wall-clock timestamps
+    isclatency --tur 5         # a TEST UNIT READY to each disk every 5 s: NET known at once
     isclatency -u 500 --json   # one JSON object per command, times in ns
     isclatency --duration 60 > slow.txt
     isclatency --ebpf          # print the BPF program and exit";
@@ -44,6 +46,8 @@ struct Args {
     threshold: Threshold,
     #[command(flatten)]
     filters: Filters,
+    #[command(flatten)]
+    tur: TurFlag,
     /// Every column: SID:CID, LUN, RESP, RETX and RESULT beside the default ones
     #[arg(short = 'W', long)]
     wide: bool,
@@ -61,6 +65,7 @@ fn main() {
 fn run(args: Args) -> Result<()> {
     let (min_us, unit) = args.threshold.resolve(10)?;
     args.filters.validate()?;
+    let tur_every = args.tur.interval(&args.filters)?;
     let s = Startup::new("isclatency", &args.common)?;
     let values = [("MIN_US", min_us.into()), ("WHO", true.into())];
     let Some(t) = stages::start(&s, &args.filters, templates::ISCLATENCY, &values)? else {
@@ -82,6 +87,7 @@ fn run(args: Args) -> Result<()> {
         format!("iSCSI commands slower than {} {}", if unit == Unit::Ms { min_us / 1000 } else { min_us }, unit.label())
     };
     let mut tracer = s.trace(&what)?;
+    let probe = tur_every.map(|every| TurProbe::start(tur_probe::traced_disks(&t.topo, &t.filter), every));
     let Tracer { stop, out, .. } = &mut tracer;
     if !args.common.json {
         out.line(&view.header());
@@ -97,6 +103,8 @@ fn run(args: Args) -> Result<()> {
         shown += ok as u64;
         ok
     });
-    tracer.finish(&[format!("{shown} commands shown, {}", t.untimed_summary(malformed)?)]);
+    let mut summary = vec![format!("{shown} commands shown, {}", t.untimed_summary(malformed)?)];
+    summary.extend(probe.map(TurProbe::finish));
+    tracer.finish(&summary);
     Ok(())
 }

@@ -16,6 +16,7 @@ use storprototrace::stages::filters::Filters;
 use storprototrace::stages::prom;
 use storprototrace::stages::stat_view::StatView;
 use storprototrace::stages::stats::{self, Collector, Row, RowKey};
+use storprototrace::stages::tur_probe::{self, TurFlag, TurProbe};
 use storprototrace::start::{Startup, Tracer};
 use storprototrace::{error, stages, Error, Result};
 
@@ -83,6 +84,8 @@ struct Args {
     #[command(flatten)]
     filters: Filters,
     #[command(flatten)]
+    tur: TurFlag,
+    #[command(flatten)]
     common: Common,
 }
 
@@ -98,6 +101,7 @@ fn run(args: Args) -> Result<()> {
         return Err(Error::usage("count must be at least 1"));
     }
     args.filters.validate()?;
+    let tur_every = args.tur.interval(&args.filters)?;
     let mut s = Startup::new("iscstat", &args.common)?;
     s.quiet = args.common.json || args.quiet;
     if let Some(p) = &args.prom_file {
@@ -127,6 +131,7 @@ fn run(args: Args) -> Result<()> {
     let clock = Clock::start();
     let listening = exporter.as_ref().map(|e| format!(", metrics at http://{}/metrics", e.addr)).unwrap_or_default();
     let mut tracer = s.trace(&format!("iSCSI commands{listening}"))?;
+    let probe = tur_every.map(|every| TurProbe::start(tur_probe::traced_disks(&t.topo, &t.filter), every));
     let Tracer { stop, out, .. } = &mut tracer;
     let view = StatView {
         unit: if args.ms { Unit::Ms } else { Unit::Us },
@@ -204,6 +209,8 @@ fn run(args: Args) -> Result<()> {
         }
     }
     // Said on stderr where stdout is JSON or off (-q).
-    tracer.finish(&[format!("{counted} commands counted, {}", t.untimed_summary(0)?)]);
+    let mut summary = vec![format!("{counted} commands counted, {}", t.untimed_summary(0)?)];
+    summary.extend(probe.map(TurProbe::finish));
+    tracer.finish(&summary);
     Ok(())
 }

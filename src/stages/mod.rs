@@ -10,6 +10,7 @@ pub mod latency_view;
 pub mod prom;
 pub mod stat_view;
 pub mod stats;
+pub mod tur_probe;
 
 use crate::bpf::fentry::{Resolver, Targets};
 use crate::bpf::runner::{Links, Probe, ProbeKind};
