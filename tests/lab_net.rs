@@ -432,6 +432,10 @@ fn net_follows_network_changes_mid_session() {
 /// 3. The delay removed, the TEST UNIT READYs going on: from 2.5 s after,
 ///    in both, at least 80% split, NET's median below a quarter of netem's
 ///    addition.
+/// 4. The delay toward the target only, from 10 s after it: in both, at
+///    least 80% split, NET's median within 15% (or 1 ms above) of half
+///    netem's addition to a round trip (without clean round trips, reads
+///    miss a delay toward the target: net_follows_network_changes_mid_session).
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn net_known_only_from_evidence_when_started_into_a_slow_network() {
@@ -460,6 +464,11 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
     drop(delay);
     std::thread::sleep(Duration::from_millis(2500));
     stretch(&mut jobs, "delay removed", &disk);
+    {
+        let _one_way = Netem::one_way("dport", 3260, &format!("delay {D_MS}ms"));
+        jobs.settle("one way", &disk);
+        stretch(&mut jobs, "one way to the target", &disk);
+    }
     let (prober, watcher) = (prober.stop(), watcher.stop());
     for out in [&watcher, &prober] {
         assert!(out.status.success(), "{}", out.stderr);
@@ -523,6 +532,9 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
                 (1.15 * delayed.1).max(delayed.1 + 1e6),
             ),
             ("delay removed", 0.0, adds.0 / 4.0),
+            // Seen by the TEST UNIT READYs' round trips once the window's
+            // minima from before the change have aged out (8 s: the settling).
+            ("one way to the target", 0.85 * adds.0 / 2.0, 1.15 * adds.1 / 2.0 + 1e6),
         ] {
             for what in works {
                 let job = jobs.get(step, what);
