@@ -348,7 +348,10 @@ static __always_inline u32 sock_retrans(u64 sk)
  * hold it (no anchor yet, no TSval yet, or the target sends none:
  * NET_FROM_TCP_MIN); else none. The anchor is the last bin's minimum clean
  * round trip and the minimum reverse delay of the same clean exchanges (so
- * a change within the bin moves both alike); or, in a bin without clean
+ * a change within the bin moves both alike); for clean round trips taken
+ * before the TSval rate was known (a new connection's scan), the least
+ * reverse delay of the first bin that has one (NET_PENDING_NS); or, in a
+ * bin without clean
  * round trips and while no clean one has anchored it, TCP's minimum RTT
  * where the bin's least exchange holds it (NET_GAP_US), with the minimum
  * reverse delay of the same exchanges: an exchange from before a change
@@ -361,8 +364,12 @@ static __always_inline u32 sock_retrans(u64 sk)
  * minimum RTT, and how long (ns) an exchange counts as recent. */
 #define NET_GAP_US 1000
 #define NET_RECENT_NS 500000000ULL
-/* The TSval rate is measured over at least this long (ns). */
+/* The TSval rate is measured over at least this long (ns); clean round
+ * trips seen before it is known anchor the estimate with the reverse
+ * delays of the first exchanges after, if those come within
+ * NET_PENDING_NS. */
 #define TSVAL_RATE_NS 100000000ULL
+#define NET_PENDING_NS 30000000000ULL
 #define R_NONE 0x7fffffffffffffffLL
 /* A TSval that moved more than this away from the clock is a new
  * connection on a reused socket address: its state starts again. */
@@ -392,6 +399,8 @@ struct net_est {
     s64 rec_r_prev;
     u32 rec_ub_cur;    /* least exchange, us (0: none) */
     u32 rec_ub_prev;
+    u32 pend_rt;       /* least clean round trip before the TSval rate, us (0: none) */
+    u64 pend_t;        /* when, ns */
 };
 
 BPF_TABLE("lru_hash", u64, struct net_est, net_est, 4096);
@@ -420,6 +429,8 @@ static __always_inline void net_restart(struct net_est *e, u64 now, u32 tsval)
     e->rec_r_prev = R_NONE;
     e->rec_ub_cur = 0;
     e->rec_ub_prev = 0;
+    e->pend_rt = 0;
+    e->pend_t = now;
 }
 
 /* TCP's minimum RTT (us) if an exchange of ub us bounds it within
@@ -563,6 +574,17 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
         if (r < e->rec_r_cur)
             e->rec_r_cur = r;
     }
+    /* Clean round trips seen before the TSval rate was known (a new
+     * connection's scan: INQUIRY, READ CAPACITY, ...) have no reverse
+     * delay of their own: the bin's least reverse delay so far is theirs. */
+    if (e->pend_rt) {
+        if (!e->anchor_clean && now - e->pend_t < NET_PENDING_NS && e->r_cur != R_NONE) {
+            e->anchor_rtt = e->pend_rt;
+            e->anchor_r = e->r_cur;
+            e->anchor_clean = 1;
+        }
+        e->pend_rt = 0;
+    }
     s64 rmin = e->r_cur < e->r_prev ? e->r_cur : e->r_prev;
     /* The bins' minima show a rise only once they age out (up to 2 x
      * NET_BIN_NS); the recent window's within NET_RECENT_NS. A recent
@@ -612,6 +634,10 @@ static __always_inline void net_clean_round_trip(u64 sk, u64 now, u64 rt_us, s64
         e->rt_cur = rt_us;
     if (rev < e->rt_r_cur)
         e->rt_r_cur = rev;
+    if (rev == R_NONE && (!e->pend_rt || rt_us < e->pend_rt)) {
+        e->pend_rt = rt_us;
+        e->pend_t = now;
+    }
 }
 
 /* A command's first PDU back was an R2T, or it is one the target answers
