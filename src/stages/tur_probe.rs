@@ -10,7 +10,6 @@ use crate::stages::filters::{device_key, Filters, KernelFilter};
 use clap::Args;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long one TEST UNIT READY may take before it counts as failed.
@@ -61,12 +60,14 @@ pub fn traced_disks(topo: &Topology, f: &KernelFilter) -> Vec<String> {
     disks
 }
 
-/// The probe thread; stopped when dropped.
+/// The probe thread, told to stop when dropped. It is never joined: a TEST
+/// UNIT READY to a session in recovery blocks until the kernel fails it
+/// (the replacement timeout, 120 s by default), and the tool's exit must
+/// not wait for that.
 pub struct TurProbe {
     stop: Arc<AtomicBool>,
     sent: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl TurProbe {
@@ -75,7 +76,7 @@ impl TurProbe {
         let stop = Arc::new(AtomicBool::new(false));
         let (sent, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let (s, n, e) = (stop.clone(), sent.clone(), failed.clone());
-        let thread = std::thread::spawn(move || {
+        std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 for d in &disks {
@@ -89,28 +90,20 @@ impl TurProbe {
                 }
             }
         });
-        TurProbe { stop, sent, failed, thread: Some(thread) }
+        TurProbe { stop, sent, failed }
     }
 
     /// Stop, and say what was sent, for the exit summary.
-    pub fn finish(mut self) -> String {
-        self.halt();
+    pub fn finish(self) -> String {
+        self.stop.store(true, Ordering::Relaxed);
         let (n, e) = (self.sent.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed));
         format!("{n} TEST UNIT READYs answered, {e} failed")
-    }
-
-    /// Not joined: a TEST UNIT READY to a session in recovery blocks until
-    /// the kernel fails it (the replacement timeout, 120 s by default),
-    /// and the tool's exit must not wait for that.
-    fn halt(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.take();
     }
 }
 
 impl Drop for TurProbe {
     fn drop(&mut self) {
-        self.halt();
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
