@@ -392,6 +392,7 @@ struct net_est {
     u32 anchor_rtt;    /* us; 0: none yet */
     u32 anchor_clean;  /* anchor_rtt is a clean round trip */
     u32 ub_cur;        /* least exchange of the bin's samples with r, us (0: none) */
+    s64 ub_r_cur;      /* least reverse delay of the same samples */
     s64 rt_r_prev;     /* rt_r_cur of the bin before */
     /* The recent window: two bins of NET_RECENT_NS / 2. */
     u64 rec_start;     /* ns */
@@ -423,6 +424,7 @@ static __always_inline void net_restart(struct net_est *e, u64 now, u32 tsval)
     e->anchor_rtt = 0;
     e->anchor_clean = 0;
     e->ub_cur = 0;
+    e->ub_r_cur = R_NONE;
     e->rt_r_prev = R_NONE;
     e->rec_start = now;
     e->rec_r_cur = R_NONE;
@@ -473,9 +475,9 @@ static __always_inline void net_roll(struct net_est *e, u64 now, u32 tcp_min)
         e->anchor_rtt = e->rt_cur;
         e->anchor_r = e->rt_r_cur;
         e->anchor_clean = 1;
-    } else if (e->r_cur != R_NONE && !e->anchor_clean && net_bounded(tcp_min, e->ub_cur)) {
+    } else if (e->ub_r_cur != R_NONE && !e->anchor_clean && net_bounded(tcp_min, e->ub_cur)) {
         e->anchor_rtt = tcp_min;
-        e->anchor_r = e->r_cur;
+        e->anchor_r = e->ub_r_cur;
     }
     if (now - e->bin_start < 2 * NET_BIN_NS) {
         e->r_prev = e->r_cur;
@@ -490,6 +492,7 @@ static __always_inline void net_roll(struct net_est *e, u64 now, u32 tcp_min)
     e->rt_r_cur = R_NONE;
     e->rt_cur = 0;
     e->ub_cur = 0;
+    e->ub_r_cur = R_NONE;
     e->bin_start = now;
 }
 
@@ -565,14 +568,16 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
     s64 r = (s64)(now / 1000) - (s64)(ext * e->unit_us);
     *rev = r;
     net_roll(e, now, tcp_min);
-    /* r_cur and ub_cur over the same exchanges: the anchor pairs them. */
+    if (r < e->r_cur)
+        e->r_cur = r;
+    if (r < e->rec_r_cur)
+        e->rec_r_cur = r;
+    /* ub_cur and ub_r_cur over the same exchanges: the anchor pairs them. */
     if (first_us) {
-        if (r < e->r_cur)
-            e->r_cur = r;
         if (!e->ub_cur || first_us < e->ub_cur)
             e->ub_cur = first_us;
-        if (r < e->rec_r_cur)
-            e->rec_r_cur = r;
+        if (r < e->ub_r_cur)
+            e->ub_r_cur = r;
     }
     /* Clean round trips seen before the TSval rate was known (a new
      * connection's scan: INQUIRY, READ CAPACITY, ...) have no reverse
