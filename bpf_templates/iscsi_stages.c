@@ -344,15 +344,16 @@ static __always_inline u32 sock_retrans(u64 sk)
  * there. The round trip is the minimum clean round trip in the window; else,
  * assuming the path is symmetric (a change of the reverse delay is matched
  * in the forward one), the anchor plus twice the change of the reverse
- * delay since (NET_FROM_REVERSE); else TCP's minimum RTT where the bounds
- * hold it (no anchor yet, no TSval yet, or the target sends none:
+ * delay since (NET_FROM_REVERSE), if that is not below TCP's minimum RTT;
+ * else TCP's minimum RTT where the bounds hold it (no anchor yet, no TSval
+ * yet, the target sends none, or the anchor's reverse delay came late:
  * NET_FROM_TCP_MIN); else none. The anchor is the last bin's minimum clean
  * round trip and the minimum reverse delay of the same clean exchanges (so
  * a change within the bin moves both alike); for clean round trips taken
  * before the TSval rate was known (a new connection's scan), the least
- * reverse delay of the first bin that has one (NET_PENDING_NS); or, in a
- * bin without clean
- * round trips and while no clean one has anchored it, TCP's minimum RTT
+ * reverse delay of the first bin that has one, over that whole bin
+ * (NET_PENDING_NS); or, in a bin without clean round trips and while no
+ * clean one has anchored it, TCP's minimum RTT
  * where the bin's least exchange holds it (NET_GAP_US), with the minimum
  * reverse delay of the same exchanges: an exchange from before a change
  * and a reverse delay from after it are never paired. */
@@ -363,6 +364,12 @@ static __always_inline u32 sock_retrans(u64 sk)
 /* The bounds: how close (us) the least exchange must come to TCP's
  * minimum RTT, and how long (ns) an exchange counts as recent. */
 #define NET_GAP_US 1000
+/* A clean round trip shorter than TCP's minimum RTT by more than this (us)
+ * is not one: its send call returned late (the sender preempted after it
+ * handed the PDU to TCP), so the exchange counts from too late. TCP took
+ * its minimum from the same exchange's ACK at the latest, so a faster
+ * network lowers it first. */
+#define NET_SEND_LAG_US 200
 #define NET_RECENT_NS 500000000ULL
 /* The TSval rate is measured over at least this long (ns); clean round
  * trips seen before it is known anchor the estimate with the reverse
@@ -391,6 +398,7 @@ struct net_est {
     u32 rt_prev;
     u32 anchor_rtt;    /* us; 0: none yet */
     u32 anchor_clean;  /* anchor_rtt is a clean round trip */
+    u32 anchor_track;  /* anchor_r follows the bin's least reverse delay until it ends */
     u32 ub_cur;        /* least exchange of the bin's samples with r, us (0: none) */
     s64 ub_r_cur;      /* least reverse delay of the same samples */
     s64 rt_r_prev;     /* rt_r_cur of the bin before */
@@ -423,6 +431,7 @@ static __always_inline void net_restart(struct net_est *e, u64 now, u32 tsval)
     e->rt_prev = 0;
     e->anchor_rtt = 0;
     e->anchor_clean = 0;
+    e->anchor_track = 0;
     e->ub_cur = 0;
     e->ub_r_cur = R_NONE;
     e->rt_r_prev = R_NONE;
@@ -471,6 +480,7 @@ static __always_inline void net_roll(struct net_est *e, u64 now, u32 tcp_min)
 {
     if (now - e->bin_start < NET_BIN_NS)
         return;
+    e->anchor_track = 0;
     if (e->rt_cur && e->rt_r_cur != R_NONE) {
         e->anchor_rtt = e->rt_cur;
         e->anchor_r = e->rt_r_cur;
@@ -570,6 +580,8 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
     net_roll(e, now, tcp_min);
     if (r < e->r_cur)
         e->r_cur = r;
+    if (e->anchor_track && r < e->anchor_r)
+        e->anchor_r = r;
     if (r < e->rec_r_cur)
         e->rec_r_cur = r;
     /* ub_cur and ub_r_cur over the same exchanges: the anchor pairs them. */
@@ -581,12 +593,15 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
     }
     /* Clean round trips seen before the TSval rate was known (a new
      * connection's scan: INQUIRY, READ CAPACITY, ...) have no reverse
-     * delay of their own: the bin's least reverse delay so far is theirs. */
+     * delay of their own: the least reverse delay of the bin they anchor,
+     * followed until it ends (its first samples may have come late), is
+     * theirs. */
     if (e->pend_rt) {
         if (!e->anchor_clean && now - e->pend_t < NET_PENDING_NS && e->r_cur != R_NONE) {
             e->anchor_rtt = e->pend_rt;
             e->anchor_r = e->r_cur;
             e->anchor_clean = 1;
+            e->anchor_track = 1;
         }
         e->pend_rt = 0;
     }
@@ -623,6 +638,11 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
     if (dr < (s64)e->unit_us && dr > -(s64)e->unit_us)
         dr = 0;
     s64 v = (s64)e->anchor_rtt + 2 * dr;
+    /* Below TCP's minimum RTT (a lower bound: TCP takes a faster network's
+     * RTT at once) the anchor's reverse delay came late (a loaded host) or
+     * from before a change: the bounds decide. */
+    if (v < (s64)tcp_min)
+        return floor;
     *from = NET_FROM_REVERSE;
     return v > 0 && v < 0xffffffffLL ? (u32)v : 0;
 }
@@ -633,6 +653,8 @@ static __always_inline void net_clean_round_trip(u64 sk, u64 now, u64 rt_us, s64
 {
     struct net_est *e = net_est.lookup(&sk);
     if (!e || rt_us == 0 || rt_us >= 0xffffffffULL)
+        return;
+    if (rt_us + NET_SEND_LAG_US < tcp_min_rtt_us(sk))
         return;
     net_roll(e, now, 0);
     if (!e->rt_cur || rt_us < e->rt_cur)

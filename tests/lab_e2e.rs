@@ -416,10 +416,10 @@ fn phase_split(
         // loopback without netem, where the target can answer while the
         // xmit worker is still in its send call (7.3 trixie: 3 and 8 of 300
         // reads, 2026-12-02; 6.1: 0 or 1 of 600): at most 1 in 20. Also
-        // where the estimate fell to zero or below, on a fresh connection
-        // whose first samples came late (a loaded host, 5.10: 299 of 300
-        // reads after a login, 2026-12-06, until a clean round trip): the
-        // share depends on scheduling, so the judgment is statistical.
+        // where the round trip is not known (a loaded host: 5.10 and 6.1
+        // left 299 of 300 reads after a login unsplit, 2026-12-06, while a
+        // late first sample could pull the estimate below zero): the share
+        // depends on scheduling, so the judgment is statistical.
         let all = c.len();
         let c: Vec<&Value> = c.into_iter().filter(|x| !x["net_ns"].is_null()).collect();
         timing(
@@ -432,8 +432,15 @@ fn phase_split(
         let mut t: Vec<u64> = c.iter().map(|x| x.u64("target_ns")).collect();
         t.sort_unstable();
         let q = |p: f64| t.get(((t.len().max(1) - 1) as f64 * p) as usize).copied().unwrap_or(0) as f64 / 1e6;
-        println!("{what}: {} {dir} ({} not split): RESP mean {:.3} ms = NET {:.3} + TARGET {:.3} ms (TARGET p10 {:.3} p50 {:.3} p90 {:.3} max {:.3} ms); fio clat mean {:.3} ms; {} with RETX > 0",
-            c.len(), all - c.len(), mean_of(&c, "resp_ns") / 1e6, out[i].0 / 1e6, out[i].1 / 1e6, q(0.1), q(0.5), q(0.9), q(1.0), clat / 1e6, c.iter().filter(|x| x.u64("retrans") > 0).count());
+        // NET's spread and where it came from, to tell one low round trip
+        // held over the phase from a few commands.
+        let mut nets: Vec<u64> = c.iter().map(|x| x.u64("net_ns")).collect();
+        nets.sort_unstable();
+        let from = |f: &str| c.iter().filter(|x| x.str("net_from") == f).count();
+        println!("{what}: {} {dir} ({} not split): RESP mean {:.3} ms = NET {:.3} + TARGET {:.3} ms (TARGET p10 {:.3} p50 {:.3} p90 {:.3} max {:.3} ms; NET p10 {:.3} p50 {:.3}, from round-trip/reverse-delay/tcp-min-rtt {}/{}/{}); fio clat mean {:.3} ms; {} with RETX > 0",
+            c.len(), all - c.len(), mean_of(&c, "resp_ns") / 1e6, out[i].0 / 1e6, out[i].1 / 1e6, q(0.1), q(0.5), q(0.9), q(1.0),
+            nets.get(nets.len() / 10).copied().unwrap_or(0) as f64 / 1e6, nets.get(nets.len() / 2).copied().unwrap_or(0) as f64 / 1e6,
+            from("round-trip"), from("reverse-delay"), from("tcp-min-rtt"), clat / 1e6, c.iter().filter(|x| x.u64("retrans") > 0).count());
     }
     out
 }
