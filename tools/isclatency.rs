@@ -11,7 +11,7 @@ use storprototrace::cli::output::{Clock, Unit};
 use storprototrace::cli::{self, Common, Threshold};
 use storprototrace::stages::filters::Filters;
 use storprototrace::stages::latency_view::{Columns, LatencyView};
-use storprototrace::stages::tur_probe::{self, TurFlag, TurProbe};
+use storprototrace::stages::tur_probe::{TurFlag, TurProbe};
 use storprototrace::start::{Startup, Tracer};
 use storprototrace::{error, stages, Result};
 
@@ -87,7 +87,7 @@ fn run(args: Args) -> Result<()> {
         format!("iSCSI commands slower than {} {}", if unit == Unit::Ms { min_us / 1000 } else { min_us }, unit.label())
     };
     let mut tracer = s.trace(&what)?;
-    let probe = tur_every.map(|every| TurProbe::start(tur_probe::traced_disks(&t.topo, &t.filter), every));
+    let probe = tur_every.map(|every| TurProbe::start(&t.topo, t.filter.clone(), "/sys".into(), every));
     let Tracer { stop, out, .. } = &mut tracer;
     if !args.common.json {
         out.line(&view.header());

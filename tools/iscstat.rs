@@ -16,7 +16,7 @@ use storprototrace::stages::filters::Filters;
 use storprototrace::stages::prom;
 use storprototrace::stages::stat_view::StatView;
 use storprototrace::stages::stats::{self, Collector, Row, RowKey};
-use storprototrace::stages::tur_probe::{self, TurFlag, TurProbe};
+use storprototrace::stages::tur_probe::{TurFlag, TurProbe};
 use storprototrace::start::{Startup, Tracer};
 use storprototrace::{error, stages, Error, Result};
 
@@ -131,7 +131,7 @@ fn run(args: Args) -> Result<()> {
     let clock = Clock::start();
     let listening = exporter.as_ref().map(|e| format!(", metrics at http://{}/metrics", e.addr)).unwrap_or_default();
     let mut tracer = s.trace(&format!("iSCSI commands{listening}"))?;
-    let probe = tur_every.map(|every| TurProbe::start(tur_probe::traced_disks(&t.topo, &t.filter), every));
+    let probe = tur_every.map(|every| TurProbe::start(&t.topo, t.filter.clone(), "/sys".into(), every));
     let Tracer { stop, out, .. } = &mut tracer;
     let view = StatView {
         unit: if args.ms { Unit::Ms } else { Unit::Us },

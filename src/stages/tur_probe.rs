@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::iscsi::topology::Topology;
 use crate::stages::filters::{device_key, Filters, KernelFilter};
 use clap::Args;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +61,12 @@ pub fn traced_disks(topo: &Topology, f: &KernelFilter) -> Vec<String> {
     disks
 }
 
+/// The disks `filter` traces in the topology read from `sysfs` now (None:
+/// it could not be read).
+fn disks_now(sysfs: &std::path::Path, filter: &KernelFilter) -> Option<Vec<String>> {
+    Topology::read(sysfs).ok().map(|t| traced_disks(&t, filter))
+}
+
 /// The probe thread, told to stop when dropped. It is never joined: a TEST
 /// UNIT READY to a session in recovery blocks until the kernel fails it
 /// (the replacement timeout, 120 s by default), and the tool's exit must
@@ -71,14 +78,26 @@ pub struct TurProbe {
 }
 
 impl TurProbe {
-    /// Start sending, the first round at once.
-    pub fn start(disks: Vec<String>, every: Duration) -> TurProbe {
+    /// Start sending, the first round at once, to the disks of `topo` that
+    /// `filter` traces. Each later round reads the topology again from
+    /// `sysfs`, so a disk that appears while the tool runs (a session
+    /// logged in again, a LUN added) is probed from the next round on; if
+    /// the read fails, the round probes the disks of the one before.
+    pub fn start(topo: &Topology, filter: KernelFilter, sysfs: PathBuf, every: Duration) -> TurProbe {
         let stop = Arc::new(AtomicBool::new(false));
         let (sent, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let (s, n, e) = (stop.clone(), sent.clone(), failed.clone());
+        let mut disks = traced_disks(topo, &filter);
         std::thread::spawn(move || {
+            let mut first = true;
             while !s.load(Ordering::Relaxed) {
                 let t = Instant::now();
+                if !first {
+                    if let Some(now) = disks_now(&sysfs, &filter) {
+                        disks = now;
+                    }
+                }
+                first = false;
                 for d in &disks {
                     match crate::iscsi::tur::test_unit_ready(d, TUR_TIMEOUT_MS) {
                         Ok(_) => n.fetch_add(1, Ordering::Relaxed),
@@ -127,6 +146,28 @@ mod tests {
         assert_eq!(disks(Filters { disk: Some(d.clone()), ..Default::default() }), vec![d]);
         let lun1: Vec<String> = t.sessions.iter().filter_map(|s| s.luns[1].disk.clone()).collect();
         assert_eq!(disks(Filters { lun: Some(1), ..Default::default() }), lun1);
+    }
+
+    /// A session logged in again names its disk anew: the next round's
+    /// disks are read from sysfs then, the filter as resolved at start.
+    #[test]
+    fn each_round_reads_the_disks_again() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2");
+        let tmp = std::env::temp_dir().join(format!("tur-probe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let cp = std::process::Command::new("cp").arg("-a").arg(&fixture).arg(&tmp).status().unwrap();
+        assert!(cp.success());
+        let t = Topology::read(&tmp).unwrap();
+        let s1 = t.session(1).unwrap();
+        let filter = Filters { sid: Some(1), ..Default::default() }.resolve(&t).unwrap();
+        let before: Vec<String> = s1.luns.iter().filter_map(|l| l.disk.clone()).collect();
+        assert_eq!(disks_now(&tmp, &filter).unwrap(), before);
+        // sdb (6:0:0:1) comes back as sdx.
+        let lun1 = tmp.join("devices/platform/host6/session1/target6:0:0/6:0:0:1/block");
+        std::fs::rename(lun1.join("sdb"), lun1.join("sdx")).unwrap();
+        let after = disks_now(&tmp, &filter).unwrap();
+        std::fs::remove_dir_all(&tmp).unwrap();
+        assert_eq!(after, vec![before[0].clone(), "sdx".to_string()]);
     }
 
     #[test]
