@@ -436,6 +436,16 @@ fn net_follows_network_changes_mid_session() {
 ///    least 80% split, NET's median within 15% (or 1 ms above) of half
 ///    netem's addition to a round trip (without clean round trips, reads
 ///    miss a delay toward the target: net_follows_network_changes_mid_session).
+///
+/// And a target already slow when the tools start: a LUN on dm-delay
+/// (DM_MS), logged in and read from before the watcher starts, so that the
+/// watcher sees none of its scan.
+/// 5. Before any evidence (no netem): no command split with NET above
+///    NET_MOVE_INSIDE_TARGET_NS; the rest not split, counted as in 1.
+/// 6. With the TEST UNIT READYs (the prober sends them to every disk), the
+///    delay removed: in both, at least 80% split, NET's median below a
+///    quarter of netem's addition, TARGET's within TARGET_RANGE of what
+///    dm-delay is told and the device's time per I/O.
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn net_known_only_from_evidence_when_started_into_a_slow_network() {
@@ -443,7 +453,8 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
     quiet_disks(&lab);
     let disk = lab.disks[0].clone();
     let disk_b = lab.disks.iter().find(|d| sid_of(d) != sid_of(&disk)).expect("a disk on a second session").clone();
-    for d in [&disk, &disk_b] {
+    let slow = SlowLun::create(&lab, DM_MS);
+    for d in [&disk, &disk_b, &slow.disk] {
         fio(d, "randread", 50, 1, &[]);
     }
     let rt_plain = udp_round_trips(100);
@@ -455,15 +466,19 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
         jobs.run((step, works[1]), disk, "randwrite", 100, 1, &[]);
     };
     jobs.run(("burst", "4 KiB reads"), &disk_b, "randread", 100, 1, &[]);
+    stretch(&mut jobs, "slow target, no evidence", &slow.disk);
     let delay = Netem::add(&format!("delay {D_MS}ms"));
     let rt_delayed = udp_round_trips(100);
     stretch(&mut jobs, "changed after first seen", &disk_b);
     stretch(&mut jobs, "no evidence", &disk);
-    let prober = start("isclatency", &["-u", "0", "--json", "-T", "--tur", "2", "--disk", &disk]);
+    let prober = start("isclatency", &["-u", "0", "--json", "-T", "--tur", "2"]);
     stretch(&mut jobs, "TEST UNIT READY every 2 s", &disk);
     drop(delay);
     std::thread::sleep(Duration::from_millis(2500));
     stretch(&mut jobs, "delay removed", &disk);
+    let t0 = DiskTime::read(&slow.dm);
+    stretch(&mut jobs, "slow target, TEST UNIT READY every 2 s", &slow.disk);
+    let dm = DiskTime::read(&slow.dm).mean_since(&t0);
     {
         let _one_way = Netem::one_way("dport", 3260, &format!("delay {D_MS}ms"));
         jobs.settle("one way", &disk);
@@ -480,38 +495,52 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
     let tur_line = prober.stderr.lines().find(|l| l.contains("TEST UNIT READYs answered")).unwrap();
     let failed_turs: u64 =
         tur_line.rsplit(", ").next().and_then(|f| f.strip_suffix(" failed")).unwrap().parse().unwrap();
-    let traced = cmds.iter().filter(|c| c.str("dir") == "-" && c.str("disk") == disk).count() as u64;
-    println!(
-        "prober: {answered} TEST UNIT READYs answered, {failed_turs} failed; the watcher traced {traced} on {disk}"
-    );
+    // One at a time (a round goes disk by disk): at most one in flight at
+    // the prober's stop.
+    let traced = cmds.iter().filter(|c| c.u64("opcode") == 0).count() as u64;
+    println!("prober: {answered} TEST UNIT READYs answered, {failed_turs} failed; the watcher traced {traced}");
     assert_eq!(failed_turs, 0, "{}", prober.stderr);
     assert!(
         answered >= 3 && (answered..=answered + 1 + untimed).contains(&traced),
         "{answered} answered, {traced} traced"
     );
 
-    // 1. Every command either unsplit or split with NET above half of
-    // netem's addition; the unsplit ones counted with their reason.
+    // 1 and 5. Every command either unsplit or split with a NET that is
+    // not wrong; the unsplit ones counted with their reason.
     let mut unsplit = 0;
-    for (step, what) in ["changed after first seen", "no evidence"].into_iter().flat_map(|s| works.map(|w| (s, w))) {
+    for (step, what) in ["changed after first seen", "no evidence", "slow target, no evidence"]
+        .into_iter()
+        .flat_map(|s| works.map(|w| (s, w)))
+    {
         let job = jobs.get(step, what);
         let c = commands(&cmds, job, untimed);
         let s: Vec<u64> = c.iter().filter(|c| !c["net_ns"].is_null()).map(|c| c.u64("net_ns")).collect();
         unsplit += c.len() - s.len();
-        let low = s.iter().filter(|&&n| (n as f64) < adds.0 / 2.0).count();
+        // Wrong: NET below half of netem's addition; on the slow target
+        // (5), NET above NET_MOVE_INSIDE_TARGET_NS, the target's delay taken
+        // for the network's.
+        let slow_target = step.starts_with("slow target");
+        let (wrong, bound) = if slow_target { ("above", NET_MOVE_INSIDE_TARGET_NS) } else { ("below", adds.0 / 2.0) };
+        let n_wrong = s.iter().filter(|&&n| if slow_target { n as f64 > bound } else { (n as f64) < bound }).count();
         let from = |f: &str| c.iter().filter(|c| !c["net_ns"].is_null() && c.str("net_from") == f).count();
         println!(
-            "{step} / {what}: {} commands, {} split ({low} with NET below {:.3} ms; from round trips {}, reverse delay {}, TCP's minimum RTT {}), NET median {:.3} ms, fio clat mean {:.3} ms",
+            "{step} / {what}: {} commands, {} split ({n_wrong} with NET {wrong} {:.3} ms; from round trips {}, reverse delay {}, TCP's minimum RTT {}), NET median {:.3} ms, fio clat mean {:.3} ms",
             c.len(),
             s.len(),
-            ms(adds.0 / 2.0),
+            ms(bound),
             from("round-trip"),
             from("reverse-delay"),
             from("tcp-min-rtt"),
             if s.is_empty() { f64::NAN } else { ms(median(s.clone())) },
             ms(job.fio.clat_mean_ns())
         );
-        assert_eq!(low, 0, "{step} / {what}: {low} commands split with NET below half of netem's {:.3} ms", ms(adds.0));
+        assert_eq!(
+            n_wrong,
+            0,
+            "{step} / {what}: {n_wrong} commands split with NET {wrong} {:.3} ms (netem adds {:.3} ms to a round trip; dm-delay {DM_MS} ms on the slow target)",
+            ms(bound),
+            ms(adds.0)
+        );
     }
     let unknown = watcher.summary_if("with the round trip not known").unwrap_or(0);
     assert!(
@@ -560,6 +589,43 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
                         ms(net)
                     ));
                 }
+            }
+        }
+        // 6. The slow target with the TEST UNIT READYs: NET the network's,
+        // TARGET what dm-delay adds (what it is told, and the device's time
+        // per I/O: whole timer ticks on some kernels).
+        let step = "slow target, TEST UNIT READY every 2 s";
+        for (what, dev) in works.into_iter().zip([dm.0, dm.1]) {
+            let job = jobs.get(step, what);
+            let c = commands(&cmds, job, untimed);
+            let s: Vec<&Value> = c.iter().copied().filter(|c| !c["net_ns"].is_null()).collect();
+            let med = |k: &str| if s.is_empty() { f64::NAN } else { median(s.iter().map(|c| c.u64(k)).collect()) };
+            let (net, target) = (med("net_ns"), med("target_ns"));
+            let told = DM_MS as f64 * 1e6;
+            let (lo, hi) = (TARGET_RANGE.0 * told.min(dev), TARGET_RANGE.1 * told.max(dev));
+            println!(
+                "{tool}, {step} / {what}: {} of {} split, NET median {:.3} ms (below {:.3}), TARGET median {:.3} ms ({:.3}..{:.3}; dm-delay told {DM_MS} ms, the device {:.3} ms per I/O), fio clat mean {:.3} ms",
+                s.len(),
+                c.len(),
+                ms(net),
+                ms(adds.0 / 4.0),
+                ms(target),
+                ms(lo),
+                ms(hi),
+                ms(dev),
+                ms(job.fio.clat_mean_ns())
+            );
+            let ok = at_least(&format!("{tool} {step} {what} split"), s.len() as f64, 0.8 * c.len() as f64)
+                && at_most(&format!("{tool} {step} {what} NET"), ms(net), ms(adds.0 / 4.0))
+                && within(&format!("{tool} {step} {what} TARGET"), ms(target), ms(lo), ms(hi));
+            if !ok {
+                failed.push(format!(
+                    "{tool}, {step} / {what}: {} of {} split, NET median {:.3} ms, TARGET median {:.3} ms",
+                    s.len(),
+                    c.len(),
+                    ms(net),
+                    ms(target)
+                ));
             }
         }
     }
