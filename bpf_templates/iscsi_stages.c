@@ -344,10 +344,10 @@ static __always_inline u32 sock_retrans(u64 sk)
  * there. The round trip is the minimum clean round trip in the window; else,
  * assuming the path is symmetric (a change of the reverse delay is matched
  * in the forward one), the anchor plus twice the change of the reverse
- * delay since (NET_FROM_REVERSE), if that is not below TCP's minimum RTT;
- * else TCP's minimum RTT where the bounds hold it (no anchor yet, no TSval
- * yet, the target sends none, or the anchor's reverse delay came late:
- * NET_FROM_TCP_MIN); else none. The anchor is the last bin's minimum clean
+ * delay since (NET_FROM_REVERSE), raised to TCP's minimum RTT if below it
+ * by less than its own error; else TCP's minimum RTT where the bounds hold
+ * it (no anchor yet, no TSval yet, the target sends none, or the anchor's
+ * reverse delay came late: NET_FROM_TCP_MIN); else none. The anchor is the last bin's minimum clean
  * round trip and the minimum reverse delay of the same clean exchanges (so
  * a change within the bin moves both alike); for clean round trips taken
  * before the TSval rate was known (a new connection's scan), the least
@@ -638,11 +638,16 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
     if (dr < (s64)e->unit_us && dr > -(s64)e->unit_us)
         dr = 0;
     s64 v = (s64)e->anchor_rtt + 2 * dr;
-    /* Below TCP's minimum RTT (a lower bound: TCP takes a faster network's
-     * RTT at once) the anchor's reverse delay came late (a loaded host) or
-     * from before a change: the bounds decide. */
-    if (v < (s64)tcp_min)
-        return floor;
+    /* TCP's minimum RTT is a lower bound (TCP takes a faster network's RTT
+     * at once). Below it by no more than the estimate's own error (a tick
+     * of the reverse delay each way, a send call's lag), the round trip is
+     * TCP's minimum; further below, the anchor's reverse delay came late
+     * (a loaded host) or from before a change: the bounds decide. */
+    if (v < (s64)tcp_min) {
+        if (v < (s64)tcp_min - 2 * (s64)e->unit_us - NET_SEND_LAG_US)
+            return floor;
+        v = tcp_min;
+    }
     *from = NET_FROM_REVERSE;
     return v > 0 && v < 0xffffffffLL ? (u32)v : 0;
 }
