@@ -44,7 +44,7 @@
  * @struct scsi_cmnd device sc_data_direction sdb.length cmnd result SCp.ptr?
  * @struct scsi_device channel id lun
  * @struct iscsi_cmd? task
- * @struct iscsi_task sc conn state
+ * @struct iscsi_task sc conn state hdr
  * @struct iscsi_conn cls_conn session dd_data
  * @struct iscsi_cls_conn cid
  * @struct iscsi_session cls_session
@@ -127,6 +127,9 @@
 #define ISCSI_OP_SCSI_RSP 0x21
 #define ISCSI_OP_DATA_IN 0x25
 #define ISCSI_OP_R2T 0x31
+/* A NOP-Out whose ITT is not this one asks for a NOP-In back. */
+#define ISCSI_OP_NOOP_OUT 0x00
+#define ISCSI_ITT_RESERVED 0xffffffff
 /* SCSI commands the target answers from memory, without its storage (SPC,
  * SBC): TEST UNIT READY, INQUIRY, MODE SENSE(6), READ CAPACITY(10), MODE
  * SENSE(10), REPORT LUNS. Their exchange is a clean round trip. */
@@ -278,15 +281,24 @@ static __always_inline int stage_queuecommand_done(u64 key, int ret)
  * (cxgbi, bnx2i, qedi) keep something else there: checked by name. */
 static __always_inline u64 conn_sock(struct iscsi_conn *conn, struct iscsi_cls_session *cls)
 {
+    /* Explicit reads: also called with pointers read from memory, whose
+     * member reads bcc does not turn into probe reads. */
     char name[4] = {};
-    const char *n = cls->transport->name;
-    bpf_probe_read_kernel(&name, sizeof(name), n);
+    struct iscsi_transport *tr = NULL;
+    const char *n = NULL;
+    bpf_probe_read_kernel(&tr, sizeof(tr), &cls->transport);
+    if (tr)
+        bpf_probe_read_kernel(&n, sizeof(n), &tr->name);
+    if (n)
+        bpf_probe_read_kernel(&name, sizeof(name), n);
     if (name[0] != 't' || name[1] != 'c' || name[2] != 'p' || name[3] != 0)
         return 0;
-    struct iscsi_tcp_conn *tc = conn->dd_data;
+    struct iscsi_tcp_conn *tc = NULL;
     void *sw = NULL;
     void *sock = NULL, *sk = NULL;   /* struct socket *, struct sock * */
-    bpf_probe_read_kernel(&sw, sizeof(sw), &tc->dd_data);
+    bpf_probe_read_kernel(&tc, sizeof(tc), &conn->dd_data);
+    if (tc)
+        bpf_probe_read_kernel(&sw, sizeof(sw), &tc->dd_data);
     if (sw)
         bpf_probe_read_kernel(&sock, sizeof(sock), sw);
     if (!sock)
@@ -325,7 +337,10 @@ static __always_inline u32 sock_retrans(u64 sk)
  *   target sends before touching storage, and a command the target answers
  *   from memory (NO_MEDIA_OP: TEST UNIT READY, INQUIRY, MODE SENSE, READ
  *   CAPACITY, REPORT LUNS; multipathd's path checker, udev and smartd send
- *   them), its PDU to its first PDU back (NET_FROM_ROUND_TRIP).
+ *   them), its PDU to its first PDU back (NET_FROM_ROUND_TRIP); and a
+ *   NOP-Out ping to its NOP-In (libiscsi pings a connection that has
+ *   received nothing for noop_out_interval, 5 s by default; the target
+ *   answers from its receive path), so an idle connection has one.
  * - Bounds: every command's own first exchange (its first PDU back minus
  *   its send) is at least the round trip, and TCP's minimum RTT at most
  *   (unless the network got faster without TCP taking a sample). Where the
@@ -681,6 +696,81 @@ static __always_inline void stage_clean_round_trip(struct inflight *f)
         net_clean_round_trip(f->sk, f->ts_rx, (f->ts_rx - f->ts_sent) / 1000, f->rev_us);
 }
 
+/* NOP-Out pings handed to TCP, by task: when, and the connection's socket. */
+struct ping {
+    u64 ts_sent;
+    u64 sk;
+};
+BPF_TABLE("lru_hash", u64, struct ping, pings, 256);
+
+/* The socket of a task without a SCSI command if it is a NOP-Out ping (one
+ * the target answers with a NOP-In), else 0. The PDU header is read as
+ * RFC 7143 lays it out: the opcode in byte 0 (with the immediate bit),
+ * the ITT in bytes 16-19. */
+static __always_inline u64 ping_sock(struct iscsi_task *task)
+{
+    void *hdr = NULL;
+    u8 op = 0xff;
+    u32 itt = ISCSI_ITT_RESERVED;
+    bpf_probe_read_kernel(&hdr, sizeof(hdr), &task->hdr);
+    if (!hdr)
+        return 0;
+    bpf_probe_read_kernel(&op, sizeof(op), hdr);
+    bpf_probe_read_kernel(&itt, sizeof(itt), (char *)hdr + 16);
+    if ((op & 0x3f) != ISCSI_OP_NOOP_OUT || itt == ISCSI_ITT_RESERVED)
+        return 0;
+    struct iscsi_conn *conn = NULL;
+    struct iscsi_session *session = NULL;
+    struct iscsi_cls_session *cls = NULL;
+    bpf_probe_read_kernel(&conn, sizeof(conn), &task->conn);
+    if (conn)
+        bpf_probe_read_kernel(&session, sizeof(session), &conn->session);
+    if (session)
+        bpf_probe_read_kernel(&cls, sizeof(cls), &session->cls_session);
+    return cls ? conn_sock(conn, cls) : 0;
+}
+
+/* A task without a SCSI command handed to TCP (ret 0 from the send call),
+ * sk: its socket if it is a ping, else 0. A ping whose NOP-In completed it
+ * before its send call returned leaves an entry behind: one of another
+ * kind of task on the same memory removes it. */
+static __always_inline void stage_ping_sent(u64 task, u64 sk, int ret)
+{
+    if (!sk) {
+        pings.delete(&task);
+        return;
+    }
+    if (ret != 0)
+        return;
+    struct ping p = {.ts_sent = bpf_ktime_get_ns(), .sk = sk};
+    pings.update(&task, &p);
+}
+
+/* A task without a SCSI command completes: for a ping answered, its
+ * exchange is a clean round trip, whose NOP-In brought its reverse delay.
+ * Taken only with that reverse delay: the first ping the tool sees on a
+ * connection comes before the TSval rate is known, and a later one may
+ * come after a change of the network (pings come every noop_out_interval),
+ * so a round trip without its own reverse delay would be paired with one
+ * from after the change. */
+static __always_inline void stage_ping_answered(u64 task, int state)
+{
+    struct ping *p = pings.lookup(&task);
+    if (!p)
+        return;
+    u64 sent = p->ts_sent, sk = p->sk;
+    pings.delete(&task);
+    u64 now = bpf_ktime_get_ns();
+    if (state != ISCSI_TASK_COMPLETED || now <= sent || now - sent >= 0xffffffffULL * 1000)
+        return;
+    u32 rt_us = (now - sent) / 1000;
+    u8 from = 0;
+    s64 rev = R_NONE;
+    net_round_trip(sk, now, rt_us, &from, &rev);
+    if (rev != R_NONE)
+        net_clean_round_trip(sk, now, rt_us, rev);
+}
+
 static __always_inline int stage_prep(struct iscsi_task *task)
 {
     u64 key = (u64)task->sc;
@@ -780,8 +870,11 @@ static __always_inline int stage_r2t(struct iscsi_task *task)
 static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, int state)
 {
     u64 key = (u64)task->sc;
-    if (!key)
-        return 0;      /* management task (NOP-Out, TMF, login) */
+    if (!key) {
+        /* management task (NOP-Out, TMF, login) */
+        stage_ping_answered((u64)task, state);
+        return 0;
+    }
     struct inflight *f = inflight.lookup(&key);
     if (!f)
         return 0;
@@ -874,7 +967,12 @@ int fentry_prep(u64 *ctx)
 int fexit_xmit(u64 *ctx)
 {
     struct iscsi_task *task = (struct iscsi_task *)ctx[0];
-    return stage_xmit_done((u64)task->sc, (int)ctx[1]);
+    u64 key = (u64)task->sc;
+    if (!key) {
+        stage_ping_sent((u64)task, ping_sock(task), (int)ctx[1]);
+        return 0;
+    }
+    return stage_xmit_done(key, (int)ctx[1]);
 }
 
 int fentry_r2t(u64 *ctx)
@@ -915,12 +1013,27 @@ int stages_prep(struct pt_regs *ctx, struct iscsi_task *task)
     return stage_prep(task);
 }
 
+/* xmit_arg holds the command (struct scsi_cmnd *), or a ping's task with
+ * bit 0 set (both pointers are aligned) and its socket in ping_arg. */
+BPF_HASH(ping_arg, u64, u64, 64);
+
 int stages_xmit(struct pt_regs *ctx, struct iscsi_task *task)
 {
     u64 id = bpf_get_current_pid_tgid();
     u64 key = (u64)task->sc;
-    if (key && inflight.lookup(&key))
-        xmit_arg.update(&id, &key);
+    if (key) {
+        if (inflight.lookup(&key))
+            xmit_arg.update(&id, &key);
+        return 0;
+    }
+    u64 sk = ping_sock(task);
+    if (!sk) {
+        stage_ping_sent((u64)task, 0, 0);
+        return 0;
+    }
+    u64 t = (u64)task | 1;
+    xmit_arg.update(&id, &t);
+    ping_arg.update(&id, &sk);
     return 0;
 }
 
@@ -932,6 +1045,14 @@ int stages_xmit_ret(struct pt_regs *ctx)
         return 0;
     u64 key = *keyp;
     xmit_arg.delete(&id);
+    if (key & 1) {
+        u64 *sk = ping_arg.lookup(&id);
+        if (sk) {
+            stage_ping_sent(key & ~1ULL, *sk, PT_REGS_RC(ctx));
+            ping_arg.delete(&id);
+        }
+        return 0;
+    }
     return stage_xmit_done(key, PT_REGS_RC(ctx));
 }
 

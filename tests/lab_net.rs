@@ -21,6 +21,10 @@ use support::{faults::*, fio::*, json::*, lab::*, tools::*};
 const D_MS: u32 = 5;
 /// What dm-delay is told mid-session, ms.
 const DM_MS: u32 = 8;
+/// Idle long enough for the initiator to ping the target: open-iscsi's
+/// noop_out_interval (5 s, the lab's) with nothing received, and the
+/// NOP-In's way back.
+const NOP_WAIT: Duration = Duration::from_secs(7);
 /// Writes of 256 KiB: an R2T each (more than the 8 KiB of immediate data
 /// LIO takes by default).
 const BIG: &str = "--bs=256k";
@@ -128,6 +132,17 @@ fn commands<'a>(cmds: &'a [Value], job: &Job, untimed: u64) -> Vec<&'a Value> {
         job.fio.ios()
     );
     c
+}
+
+/// Where the split commands' NET came from (JSON net_from), for the log.
+fn net_from(cmds: &[&Value]) -> String {
+    let n = |f: &str| cmds.iter().filter(|c| !c["net_ns"].is_null() && c.str("net_from") == f).count();
+    format!(
+        "from round trips {}, reverse delay {}, TCP's minimum RTT {}",
+        n("round-trip"),
+        n("reverse-delay"),
+        n("tcp-min-rtt")
+    )
 }
 
 fn median(mut v: Vec<u64>) -> f64 {
@@ -447,6 +462,14 @@ fn net_follows_network_changes_mid_session() {
 ///    quarter of netem's addition, TARGET's within TARGET_RANGE of what
 ///    dm-delay is told, the device's time per I/O and fio's latency against
 ///    the plain LUN's.
+///
+/// And an idle connection:
+/// 7. The prober stopped, then the delay toward the target removed, the
+///    connection idle for NOP_WAIT (the reverse delay does not move, and no
+///    TEST UNIT READY comes: only the initiator's NOP-Out pings tell the
+///    round trip fell): in the watcher, at least 80% split, NET's median
+///    below a quarter of netem's addition (the round trip under the delay,
+///    half of it, would put it above).
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn net_known_only_from_evidence_when_started_into_a_slow_network() {
@@ -480,12 +503,14 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
     let t0 = DiskTime::read(&slow.dm);
     stretch(&mut jobs, "slow target, TEST UNIT READY every 2 s", &slow.disk);
     let dm = DiskTime::read(&slow.dm).mean_since(&t0);
-    {
-        let _one_way = Netem::one_way("dport", 3260, &format!("delay {D_MS}ms"));
-        jobs.settle("one way", &disk);
-        stretch(&mut jobs, "one way to the target", &disk);
-    }
-    let (prober, watcher) = (prober.stop(), watcher.stop());
+    let one_way = Netem::one_way("dport", 3260, &format!("delay {D_MS}ms"));
+    jobs.settle("one way", &disk);
+    stretch(&mut jobs, "one way to the target", &disk);
+    let prober = prober.stop();
+    drop(one_way);
+    std::thread::sleep(NOP_WAIT);
+    stretch(&mut jobs, "idle, one way removed", &disk);
+    let watcher = watcher.stop();
     for out in [&watcher, &prober] {
         assert!(out.status.success(), "{}", out.stderr);
         println!("isclatency: {}", out.stderr.lines().rfind(|l| l.contains("commands shown")).unwrap_or(""));
@@ -523,15 +548,12 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
         let slow_target = step.starts_with("slow target");
         let (wrong, bound) = if slow_target { ("above", NET_MOVE_INSIDE_TARGET_NS) } else { ("below", adds.0 / 2.0) };
         let n_wrong = s.iter().filter(|&&n| if slow_target { n as f64 > bound } else { (n as f64) < bound }).count();
-        let from = |f: &str| c.iter().filter(|c| !c["net_ns"].is_null() && c.str("net_from") == f).count();
         println!(
-            "{step} / {what}: {} commands, {} split ({n_wrong} with NET {wrong} {:.3} ms; from round trips {}, reverse delay {}, TCP's minimum RTT {}), NET median {:.3} ms, fio clat mean {:.3} ms",
+            "{step} / {what}: {} commands, {} split ({n_wrong} with NET {wrong} {:.3} ms; {}), NET median {:.3} ms, fio clat mean {:.3} ms",
             c.len(),
             s.len(),
             ms(bound),
-            from("round-trip"),
-            from("reverse-delay"),
-            from("tcp-min-rtt"),
+            net_from(&c),
             if s.is_empty() { f64::NAN } else { ms(median(s.clone())) },
             ms(job.fio.clat_mean_ns())
         );
@@ -565,16 +587,22 @@ fn net_known_only_from_evidence_when_started_into_a_slow_network() {
             // Seen by the TEST UNIT READYs' round trips once the window's
             // minima from before the change have aged out (8 s: the settling).
             ("one way to the target", 0.85 * adds.0 / 2.0, 1.15 * adds.1 / 2.0 + 1e6),
+            // 7: the watcher only (the prober had stopped).
+            ("idle, one way removed", 0.0, adds.0 / 4.0),
         ] {
+            if tool == "prober" && step.starts_with("idle") {
+                continue;
+            }
             for what in works {
                 let job = jobs.get(step, what);
                 let c = commands(&cmds, job, untimed);
                 let s: Vec<u64> = c.iter().filter(|c| !c["net_ns"].is_null()).map(|c| c.u64("net_ns")).collect();
                 let net = if s.is_empty() { f64::NAN } else { median(s.clone()) };
                 println!(
-                    "{tool}, {step} / {what}: {} of {} split, NET median {:.3} ms ({:.3}..{:.3}), fio clat mean {:.3} ms",
+                    "{tool}, {step} / {what}: {} of {} split ({}), NET median {:.3} ms ({:.3}..{:.3}), fio clat mean {:.3} ms",
                     s.len(),
                     c.len(),
+                    net_from(&c),
                     ms(net),
                     ms(lo),
                     ms(hi),
