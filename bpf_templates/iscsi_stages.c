@@ -425,6 +425,9 @@ struct net_est {
     u32 rec_ub_prev;
     u32 pend_rt;       /* least clean round trip before the TSval rate, us (0: none) */
     u64 pend_t;        /* when, ns */
+    u32 ping_rt;       /* a ping's round trip before the TSval rate, us (0: none) */
+    u64 ping_t;        /* its NOP-In's arrival, ns */
+    u64 ping_ext;      /* and TSval, unwrapped */
 };
 
 BPF_TABLE("lru_hash", u64, struct net_est, net_est, 4096);
@@ -457,6 +460,7 @@ static __always_inline void net_restart(struct net_est *e, u64 now, u32 tsval)
     e->rec_ub_prev = 0;
     e->pend_rt = 0;
     e->pend_t = now;
+    e->ping_rt = 0;
 }
 
 /* TCP's minimum RTT (us) if an exchange of ub us bounds it within
@@ -620,6 +624,18 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
         }
         e->pend_rt = 0;
     }
+    /* A ping answered before the TSval rate was known (the first the tool
+     * sees on an idle connection) kept its own TSval: with the rate, its
+     * reverse delay, so it anchors the estimate with its own pair. */
+    if (e->ping_rt) {
+        if (now - e->ping_t < NET_PENDING_NS) {
+            e->anchor_rtt = e->ping_rt;
+            e->anchor_r = (s64)(e->ping_t / 1000) - (s64)(e->ping_ext * e->unit_us);
+            e->anchor_clean = 1;
+            e->anchor_track = 0;
+        }
+        e->ping_rt = 0;
+    }
     s64 rmin = e->r_cur < e->r_prev ? e->r_cur : e->r_prev;
     /* The bins' minima show a rise only once they age out (up to 2 x
      * NET_BIN_NS); the recent window's within NET_RECENT_NS. A recent
@@ -647,10 +663,15 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
     if (recent != R_NONE && recent - rmin > rise)
         rmin = recent;
     s64 dr = rmin - e->anchor_r;
-    /* A change of less than one TSval tick is not resolved: answers that
-     * leave on a fixed phase of the tick (a target completing from a timer)
-     * keep the same truncation in every sample, and minima do not remove it. */
-    if (dr < (s64)e->unit_us && dr > -(s64)e->unit_us)
+    /* A change within NET_GAP_US and a tick is not followed, as for a clean
+     * round trip above: answers that leave on a fixed phase of the tick (a
+     * target completing from a timer) keep the same truncation in every
+     * sample, and minima do not remove it; and an anchor taken from one
+     * exchange (a ping: one every noop_out_interval, and none once traffic
+     * flows) holds its own truncation, up to a tick, and the initiator's lag
+     * in taking it (1.5 ms seen under emulation), which the following reads'
+     * minimum does not. */
+    if (dr <= rise && dr >= -rise)
         dr = 0;
     s64 v = (s64)e->anchor_rtt + 2 * dr;
     /* TCP's minimum RTT is a lower bound (TCP takes a faster network's RTT
@@ -748,11 +769,11 @@ static __always_inline void stage_ping_sent(u64 task, u64 sk, int ret)
 
 /* A task without a SCSI command completes: for a ping answered, its
  * exchange is a clean round trip, whose NOP-In brought its reverse delay.
- * Taken only with that reverse delay: the first ping the tool sees on a
- * connection comes before the TSval rate is known, and a later one may
+ * Always paired with that reverse delay: the first ping the tool sees on a
+ * connection comes before the TSval rate is known, and the next sample may
  * come after a change of the network (pings come every noop_out_interval),
- * so a round trip without its own reverse delay would be paired with one
- * from after the change. */
+ * so such a ping keeps its TSval until the rate is known (net_round_trip),
+ * never a reverse delay from another exchange. */
 static __always_inline void stage_ping_answered(u64 task, int state)
 {
     struct ping *p = pings.lookup(&task);
@@ -767,8 +788,18 @@ static __always_inline void stage_ping_answered(u64 task, int state)
     u8 from = 0;
     s64 rev = R_NONE;
     net_round_trip(sk, now, rt_us, &from, &rev);
-    if (rev != R_NONE)
+    if (rev != R_NONE) {
         net_clean_round_trip(sk, now, rt_us, rev);
+        return;
+    }
+    /* The rate not known yet: the NOP-In's TSval is the highest the
+     * estimate has seen (it came after every earlier segment). */
+    struct net_est *e = net_est.lookup(&sk);
+    if (e && !e->unit_us && rt_us + NET_SEND_LAG_US >= tcp_min_rtt_us(sk)) {
+        e->ping_rt = rt_us;
+        e->ping_t = now;
+        e->ping_ext = e->ext_last;
+    }
 }
 
 static __always_inline int stage_prep(struct iscsi_task *task)

@@ -71,6 +71,34 @@ pub fn udp_round_trips(n: usize) -> Vec<u64> {
     out
 }
 
+/// What a netem delay of `d_ms` each way adds to a round trip in this boot,
+/// from UDP echoes without it and with it (`udp_round_trips`): (the growth
+/// of the minimum, the growth of the median), ns. NET counts a round trip
+/// from minima, fio's latency holds the typical one: the network's true
+/// change lies between the two. Asserts that the delay took: the minimum
+/// grew by 95% of 2 x `d_ms` at least, 5 ms more than that at most.
+pub fn netem_adds(d_ms: f64, plain: &[u64], delayed: &[u64]) -> (f64, f64) {
+    let q = |v: &[u64], p: f64| v[((v.len() - 1) as f64 * p) as usize] as f64;
+    let (by_min, by_median) = (q(delayed, 0.0) - q(plain, 0.0), q(delayed, 0.5) - q(plain, 0.5));
+    println!(
+        "UDP round trips over lo, {} each: without netem min {:.3} median {:.3} ms; with delay {d_ms} ms each way min {:.3} median {:.3} ms: netem adds {:.3} (min) to {:.3} ms (median)",
+        plain.len(),
+        q(plain, 0.0) / 1e6,
+        q(plain, 0.5) / 1e6,
+        q(delayed, 0.0) / 1e6,
+        q(delayed, 0.5) / 1e6,
+        by_min / 1e6,
+        by_median / 1e6
+    );
+    let configured = 2.0 * d_ms * 1e6;
+    assert!(
+        (0.95 * configured..=configured + 5e6).contains(&by_min),
+        "netem delay {d_ms} ms each way added {:.3} ms to a UDP round trip",
+        by_min / 1e6
+    );
+    (by_min, by_median)
+}
+
 /// A LUN whose backing store waits: a RAM disk (brd) under dm-delay,
 /// exported by LIO (iblock) as the only LUN of a target of its own, and
 /// logged in. The knob inside the target for tests that must tell the
