@@ -331,8 +331,8 @@ static __always_inline u32 sock_retrans(u64 sk)
  *   changes are used. TSval ticks in ms (in us with the tcp_usec_ts route
  *   feature on the target, Linux 6.7+): the rate is measured over the first
  *   TSVAL_RATE_NS. Its minimum over a window removes the ms truncation when the
- *   answers leave at random phases of the tick; changes under one tick are
- *   not followed.
+ *   answers leave at random phases of the tick; changes under NET_GAP_US
+ *   and a tick are not followed.
  * - Clean round trips: a write's command PDU to its first R2T, which the
  *   target sends before touching storage, and a command the target answers
  *   from memory (NO_MEDIA_OP: TEST UNIT READY, INQUIRY, MODE SENSE, READ
@@ -628,7 +628,7 @@ static __always_inline u32 net_round_trip(u64 sk, u64 now, u32 first_us, u8 *fro
      * sees on an idle connection) kept its own TSval: with the rate, its
      * reverse delay, so it anchors the estimate with its own pair. */
     if (e->ping_rt) {
-        if (now - e->ping_t < NET_PENDING_NS) {
+        if (!e->anchor_clean && now - e->ping_t < NET_PENDING_NS) {
             e->anchor_rtt = e->ping_rt;
             e->anchor_r = (s64)(e->ping_t / 1000) - (s64)(e->ping_ext * e->unit_us);
             e->anchor_clean = 1;
@@ -773,7 +773,16 @@ static __always_inline void stage_ping_sent(u64 task, u64 sk, int ret)
  * connection comes before the TSval rate is known, and the next sample may
  * come after a change of the network (pings come every noop_out_interval),
  * so such a ping keeps its TSval until the rate is known (net_round_trip),
- * never a reverse delay from another exchange. */
+ * never a reverse delay from another exchange.
+ * Taken where the estimate has no clean round trip behind it, or where it
+ * is below every clean round trip the estimate holds by more than
+ * NET_GAP_US (the network got faster); else left: its reverse delay, taken
+ * on an idle connection, is the least the receive path ever adds, and
+ * against it the reverse delays of a loaded receive path that follows
+ * (answers waiting to be read) would look like a rise of the network
+ * (iodepth 32 under a 10.3 ms round trip: NET's mean 13.1-13.5 ms). The
+ * test is on the clean round trips themselves, not on the estimate, so that
+ * two tools that see the same exchanges take the same pings. */
 static __always_inline void stage_ping_answered(u64 task, int state)
 {
     struct ping *p = pings.lookup(&task);
@@ -788,14 +797,22 @@ static __always_inline void stage_ping_answered(u64 task, int state)
     u8 from = 0;
     s64 rev = R_NONE;
     net_round_trip(sk, now, rt_us, &from, &rev);
+    struct net_est *e = net_est.lookup(&sk);
+    if (!e)
+        return;
     if (rev != R_NONE) {
-        net_clean_round_trip(sk, now, rt_us, rev);
+        u32 least = e->anchor_clean ? e->anchor_rtt : 0;
+        if (e->rt_cur && (!least || e->rt_cur < least))
+            least = e->rt_cur;
+        if (e->rt_prev && (!least || e->rt_prev < least))
+            least = e->rt_prev;
+        if (!least || rt_us + NET_GAP_US < least)
+            net_clean_round_trip(sk, now, rt_us, rev);
         return;
     }
     /* The rate not known yet: the NOP-In's TSval is the highest the
      * estimate has seen (it came after every earlier segment). */
-    struct net_est *e = net_est.lookup(&sk);
-    if (e && !e->unit_us && rt_us + NET_SEND_LAG_US >= tcp_min_rtt_us(sk)) {
+    if (!e->unit_us && !e->anchor_clean && rt_us + NET_SEND_LAG_US >= tcp_min_rtt_us(sk)) {
         e->ping_rt = rt_us;
         e->ping_t = now;
         e->ping_ext = e->ext_last;
