@@ -436,11 +436,10 @@ fn phase_split(
         // held over the phase from a few commands.
         let mut nets: Vec<u64> = c.iter().map(|x| x.u64("net_ns")).collect();
         nets.sort_unstable();
-        let from = |f: &str| c.iter().filter(|x| x.str("net_from") == f).count();
-        println!("{what}: {} {dir} ({} not split): RESP mean {:.3} ms = NET {:.3} + TARGET {:.3} ms (TARGET p10 {:.3} p50 {:.3} p90 {:.3} max {:.3} ms; NET p10 {:.3} p50 {:.3}, from round-trip/reverse-delay/tcp-min-rtt {}/{}/{}); fio clat mean {:.3} ms; {} with RETX > 0",
+        println!("{what}: {} {dir} ({} not split): RESP mean {:.3} ms = NET {:.3} + TARGET {:.3} ms (TARGET p10 {:.3} p50 {:.3} p90 {:.3} max {:.3} ms; NET p10 {:.3} p50 {:.3}, {}); fio clat mean {:.3} ms; {} with RETX > 0",
             c.len(), all - c.len(), mean_of(&c, "resp_ns") / 1e6, out[i].0 / 1e6, out[i].1 / 1e6, q(0.1), q(0.5), q(0.9), q(1.0),
             nets.get(nets.len() / 10).copied().unwrap_or(0) as f64 / 1e6, nets.get(nets.len() / 2).copied().unwrap_or(0) as f64 / 1e6,
-            from("round-trip"), from("reverse-delay"), from("tcp-min-rtt"), clat / 1e6, c.iter().filter(|x| x.u64("retrans") > 0).count());
+            net_from(&c), clat / 1e6, c.iter().filter(|x| x.u64("retrans") > 0).count());
     }
     out
 }

@@ -134,17 +134,6 @@ fn commands<'a>(cmds: &'a [Value], job: &Job, untimed: u64) -> Vec<&'a Value> {
     c
 }
 
-/// Where the split commands' NET came from (JSON net_from), for the log.
-fn net_from(cmds: &[&Value]) -> String {
-    let n = |f: &str| cmds.iter().filter(|c| !c["net_ns"].is_null() && c.str("net_from") == f).count();
-    format!(
-        "from round trips {}, reverse delay {}, TCP's minimum RTT {}",
-        n("round-trip"),
-        n("reverse-delay"),
-        n("tcp-min-rtt")
-    )
-}
-
 fn median(mut v: Vec<u64>) -> f64 {
     assert!(!v.is_empty(), "no values");
     v.sort_unstable();

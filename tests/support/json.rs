@@ -30,3 +30,15 @@ impl JsonExt for Value {
         v.as_f64().unwrap_or_else(|| panic!("field {p:?} is {v}, not a number, in {self}"))
     }
 }
+
+/// Where the split commands among `cmds` took NET from (their JSON
+/// net_from), for a test's log.
+pub fn net_from(cmds: &[&Value]) -> String {
+    let n = |f: &str| cmds.iter().filter(|c| !c["net_ns"].is_null() && c.str("net_from") == f).count();
+    format!(
+        "from round trips {}, reverse delay {}, TCP's minimum RTT {}",
+        n("round-trip"),
+        n("reverse-delay"),
+        n("tcp-min-rtt")
+    )
+}
