@@ -41,9 +41,8 @@
  * just these from the running kernel's BTF (much faster to compile);
  * else the headers below are compiled.
  * @struct Scsi_Host host_no
- * @struct scsi_cmnd device sc_data_direction sdb.length cmnd result SCp.ptr?
+ * @struct scsi_cmnd device sc_data_direction sdb.length cmnd result
  * @struct scsi_device channel id lun
- * @struct iscsi_cmd? task
  * @struct iscsi_task sc conn state hdr
  * @struct iscsi_conn cls_conn session dd_data
  * @struct iscsi_cls_conn cid
@@ -110,11 +109,6 @@
  * it tells the commands the target answers from memory (NO_MEDIA_OP). */
 #define WHO {{WHO}}
 
-/* From a scsi_cmnd to its iscsi_task: sc->SCp.ptr before 5.18, the
- * command's private data (struct iscsi_cmd) after. Chosen from the headers. */
-#define SC_TASK_SCP(sc) (&(sc)->SCp.ptr)
-#define SC_TASK_PRIV(sc) (&((struct iscsi_cmd *)((sc) + 1))->task)
-#define SC_TASK_ADDR(sc) {{TASK_FROM_SC}}(sc)
 /* The CDB: `unsigned char *cmnd` before 5.19 (pointing at the command's
  * own buffer), `unsigned char cmnd[32]` after. Chosen from the headers. */
 #define CDB_POINTER {{CDB_POINTER}}
@@ -177,7 +171,6 @@ struct stage_times {
 
 BPF_HASH(inflight, u64, struct inflight, 16384);
 #if !FENTRY
-BPF_HASH(queuecommand_arg, u64, u64, 4096);
 BPF_HASH(xmit_arg, u64, u64, 4096);
 #endif
 /* Sets filled from user space: SCSI hosts (sessions), and host<<32|lun. */
@@ -194,13 +187,14 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
     struct inflight f = {};
     struct scsi_device *sdev = sc->device;
     u64 key = (u64)sc;
-    u64 id = bpf_get_current_pid_tgid();
     int ddir = sc->sc_data_direction;
 
     f.host = shost->host_no;
     f.lun = sdev->lun;
     f.dir = ddir == DMA_FROM_DEVICE ? DIR_READ : (ddir == DMA_TO_DEVICE ? DIR_WRITE : DIR_OTHER);
-    f.pid = id >> 32;
+#if WHO || FILTER_PID
+    f.pid = bpf_get_current_pid_tgid() >> 32;
+#endif
 
     if (FILTER_HOST && !host_filter.lookup(&f.host))
         return 0;
@@ -234,42 +228,20 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
 #endif
     f.ts_queue = bpf_ktime_get_ns();
     if (inflight.insert(&key, &f) != 0) {
-        /* This command's memory is in the map already: the end of the
-         * command that used it before was never seen (the kernel skipped
-         * a program). Counted, then replaced. */
+        /* This command's memory is in the map already. Not prepared: its
+         * last dispatch never got a task (iscsi_queuecommand refused it as
+         * busy, or failed it at once, e.g. while the session was down) and
+         * the midlayer dispatches it again: no program runs on the return
+         * of iscsi_queuecommand, so that dispatch is seen ending here.
+         * Prepared: the end of the command that used this memory before was
+         * never seen (the kernel skipped a program). Counted, then replaced. */
+        struct inflight *old = inflight.lookup(&key);
+        int unsent = old && old->ts_prep == 0;
         if (inflight.update(&key, &f) != 0) {
             count(CTR_INFLIGHT_FULL);
             return 0;
         }
-        count(CTR_END_NOT_SEEN);
-    }
-#if !FENTRY
-    queuecommand_arg.update(&id, &key);
-#endif
-    return 0;
-}
-
-static __always_inline int stage_queuecommand_done(u64 key, int ret)
-{
-    struct inflight *f = inflight.lookup(&key);
-    if (!f)
-        return 0;
-    if (ret != 0) {
-        /* busy: the SCSI midlayer dispatches it again later */
-        inflight.delete(&key);
-        count(CTR_DISPATCH_BUSY);
-        return 0;
-    }
-    if (f->ts_prep == 0) {
-        /* Completed inline without a task (e.g. session not logged in):
-         * libiscsi never made a task for it. */
-        struct scsi_cmnd *sc = (struct scsi_cmnd *)key;
-        u64 task = 0;
-        bpf_probe_read_kernel(&task, sizeof(task), (void *)SC_TASK_ADDR(sc));
-        if (task == 0) {
-            inflight.delete(&key);
-            count(CTR_ENDED_NO_RESPONSE);
-        }
+        count(unsent ? CTR_DISPATCH_BUSY : CTR_END_NOT_SEEN);
     }
     return 0;
 }
@@ -1002,11 +974,6 @@ int fentry_queuecommand(u64 *ctx)
     return stage_queuecommand((struct Scsi_Host *)ctx[0], (struct scsi_cmnd *)ctx[1]);
 }
 
-int fexit_queuecommand(u64 *ctx)
-{
-    return stage_queuecommand_done(ctx[1], (int)ctx[2]);
-}
-
 int fentry_prep(u64 *ctx)
 {
     return stage_prep((struct iscsi_task *)ctx[0]);
@@ -1043,17 +1010,6 @@ int stages_queuecommand(struct pt_regs *ctx, struct Scsi_Host *shost,
                         struct scsi_cmnd *sc)
 {
     return stage_queuecommand(shost, sc);
-}
-
-int stages_queuecommand_ret(struct pt_regs *ctx)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u64 *keyp = queuecommand_arg.lookup(&id);
-    if (!keyp)
-        return 0;
-    u64 key = *keyp;
-    queuecommand_arg.delete(&id);
-    return stage_queuecommand_done(key, PT_REGS_RC(ctx));
 }
 
 int stages_prep(struct pt_regs *ctx, struct iscsi_task *task)

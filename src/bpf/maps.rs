@@ -14,7 +14,8 @@ pub enum Counter {
     Lost = 0,
     /// Commands aborted, failed by session recovery, or never sent.
     EndedNoResponse = 1,
-    /// iscsi_queuecommand returned busy: dispatched again later.
+    /// A command dispatched again after a dispatch that got no task
+    /// (iscsi_queuecommand refused it as busy, or failed it at once).
     DispatchBusy = 2,
     /// The in-flight map was full: command not timed.
     InflightFull = 3,

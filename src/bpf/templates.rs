@@ -200,7 +200,6 @@ mod tests {
             "FILTER_CID",
             "CID",
             "USE_RINGBUF",
-            "TASK_FROM_SC",
         ] {
             assert!(names.iter().any(|n| n == must), "{must} missing from isclatency template");
         }

@@ -40,28 +40,9 @@ fn lack(dirs: &[PathBuf], what: &str) -> Error {
     ))
 }
 
-/// How to get from a `struct scsi_cmnd` to its `struct iscsi_task`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskLookup {
-    /// `sc->SCp.ptr` (kernels before 5.18)
-    ScsiPointer,
-    /// `((struct iscsi_cmd *)(sc + 1))->task` (5.18 and later)
-    PrivateData,
-}
-
-impl TaskLookup {
-    pub fn macro_name(self) -> &'static str {
-        match self {
-            TaskLookup::ScsiPointer => "SC_TASK_SCP",
-            TaskLookup::PrivateData => "SC_TASK_PRIV",
-        }
-    }
-}
-
 /// The SCSI facts bpf_templates/iscsi_stages.c depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScsiLayout {
-    pub task_lookup: TaskLookup,
     /// `unsigned char *cmnd` (before 5.19) instead of `unsigned char cmnd[32]`.
     pub cdb_pointer: bool,
 }
@@ -69,12 +50,11 @@ pub struct ScsiLayout {
 impl ScsiLayout {
     /// What a current kernel (6.1+) has: for --ebpf without headers.
     pub fn modern() -> ScsiLayout {
-        ScsiLayout { task_lookup: TaskLookup::PrivateData, cdb_pointer: false }
+        ScsiLayout { cdb_pointer: false }
     }
 
-    /// `struct iscsi_cmd` exists from 5.18; `cmnd` became an array in 5.19.
+    /// `cmnd` became an array in 5.19.
     pub fn from_headers(dirs: &[PathBuf]) -> Result<ScsiLayout> {
-        let libiscsi = read(dirs, "scsi/libiscsi.h").ok_or_else(|| lack(dirs, "include/scsi/libiscsi.h"))?;
         let cmnd = read(dirs, "scsi/scsi_cmnd.h")
             .and_then(|t| struct_body(&t, "scsi_cmnd"))
             .ok_or_else(|| lack(dirs, "struct scsi_cmnd in include/scsi/scsi_cmnd.h"))?;
@@ -84,23 +64,14 @@ impl ScsiLayout {
         if cdb_pointer == cdb_array {
             return Err(lack(dirs, "a recognisable `cmnd` member in struct scsi_cmnd"));
         }
-        let task_lookup =
-            if libiscsi.contains("struct iscsi_cmd {") { TaskLookup::PrivateData } else { TaskLookup::ScsiPointer };
-        Ok(ScsiLayout { task_lookup, cdb_pointer })
+        Ok(ScsiLayout { cdb_pointer })
     }
 }
 
 impl ScsiLayout {
     /// The same facts from the kernel types written from BTF.
     pub fn from_types(t: &KernelTypes) -> Result<ScsiLayout> {
-        let task_lookup = if t.has("iscsi_cmd") {
-            TaskLookup::PrivateData
-        } else if t.has("scsi_cmnd.SCp.ptr") {
-            TaskLookup::ScsiPointer
-        } else {
-            return Err(Error::kernel_types("kernel BTF has neither struct iscsi_cmd nor scsi_cmnd.SCp"));
-        };
-        Ok(ScsiLayout { task_lookup, cdb_pointer: t.is_pointer("scsi_cmnd.cmnd") })
+        Ok(ScsiLayout { cdb_pointer: t.is_pointer("scsi_cmnd.cmnd") })
     }
 }
 
@@ -179,28 +150,13 @@ mod tests {
     #[test]
     fn scsi_layout_from_headers() {
         let d = tempfile::tempdir().unwrap();
-        let new = fixture(
-            &d.path().join("new"),
-            &[
-                ("scsi/libiscsi.h", "struct iscsi_cmd {\n\tstruct iscsi_task *task;\n};\n"),
-                ("scsi/scsi_cmnd.h", CMND_ARRAY),
-            ],
-        );
-        let old = fixture(
-            &d.path().join("old"),
-            &[("scsi/libiscsi.h", "struct iscsi_task {\n};\n"), ("scsi/scsi_cmnd.h", CMND_POINTER)],
-        );
+        let new = fixture(&d.path().join("new"), &[("scsi/scsi_cmnd.h", CMND_ARRAY)]);
+        let old = fixture(&d.path().join("old"), &[("scsi/scsi_cmnd.h", CMND_POINTER)]);
         let nothing = d.path().join("nothing");
         assert_eq!(ScsiLayout::from_headers(&[nothing.clone(), new]).unwrap(), ScsiLayout::modern());
-        assert_eq!(
-            ScsiLayout::from_headers(&[old]).unwrap(),
-            ScsiLayout { task_lookup: TaskLookup::ScsiPointer, cdb_pointer: true }
-        );
+        assert_eq!(ScsiLayout::from_headers(&[old]).unwrap(), ScsiLayout { cdb_pointer: true });
         assert!(ScsiLayout::from_headers(&[nothing]).is_err());
-        let odd = fixture(
-            &d.path().join("odd"),
-            &[("scsi/libiscsi.h", ""), ("scsi/scsi_cmnd.h", "struct scsi_cmnd {\n\tint x;\n};\n")],
-        );
+        let odd = fixture(&d.path().join("odd"), &[("scsi/scsi_cmnd.h", "struct scsi_cmnd {\n\tint x;\n};\n")]);
         let e = ScsiLayout::from_headers(&[odd]).unwrap_err();
         assert!(e.to_string().contains("`cmnd` member"), "{e}");
     }

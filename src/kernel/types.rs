@@ -8,8 +8,8 @@
 //! Each template lists what it reads, in its own text:
 //!
 //! ```c
-//!  * @struct scsi_cmnd device sdb.length cmnd SCp.ptr?
-//!  * @struct iscsi_cmd? task
+//!  * @struct scsi_cmnd device sdb.length cmnd
+//!  * @struct request_queue disk? backing_dev_info?
 //!  * @struct pt_regs *
 //!  * @enum DMA_FROM_DEVICE ISCSI_TASK_COMPLETED
 //! ```
@@ -208,7 +208,7 @@ pub struct KernelTypes {
 }
 
 impl KernelTypes {
-    /// Whether `what` ("iscsi_cmd", "scsi_cmnd.SCp") was found and written.
+    /// Whether `what` ("backing_dev_info", "request_queue.disk") was found and written.
     pub fn has(&self, what: &str) -> bool {
         self.present.contains(what)
     }

@@ -64,7 +64,6 @@ pub struct StagePlan {
 fn kprobes(have_sent: bool, have_r2t: bool, have_rx: bool) -> Vec<Probe> {
     let mut probes = vec![
         Probe::entry(QUEUECOMMAND, "stages_queuecommand"),
-        Probe::ret(QUEUECOMMAND, "stages_queuecommand_ret"),
         Probe::entry(PREP, "stages_prep"),
         Probe::entry(COMPLETE, "stages_complete"),
     ];
@@ -142,7 +141,6 @@ impl StagePlan {
             ("HAVE_SENT", self.have_sent.into()),
             ("HAVE_RX", self.have_rx.into()),
             ("HAVE_R2T", self.have_r2t.into()),
-            ("TASK_FROM_SC", Value::Ident(self.scsi.task_lookup.macro_name())),
             ("CDB_POINTER", self.scsi.cdb_pointer.into()),
             ("FENTRY", self.fentry.into()),
             ("NET_OFFSETS", self.net_offsets.is_some().into()),
@@ -162,7 +160,6 @@ impl StagePlan {
             .filter_map(|p| {
                 let (kind, handler) = match p.handler {
                     "stages_queuecommand" => (ProbeKind::Fentry, "fentry_queuecommand"),
-                    "stages_queuecommand_ret" => (ProbeKind::Fexit, "fexit_queuecommand"),
                     "stages_prep" => (ProbeKind::Fentry, "fentry_prep"),
                     "stages_xmit_ret" => (ProbeKind::Fexit, "fexit_xmit"),
                     "stages_r2t" => (ProbeKind::Fentry, "fentry_r2t"),
@@ -244,11 +241,10 @@ impl StagePlan {
             format!("kprobes ({})", self.why_kprobes.as_deref().unwrap_or("fentry not tried"))
         };
         vec![format!(
-            "kernel {}: functions from {:?}, ring buffer: {}, {types}, task lookup: {:?}, CDB {}, {mechanism}",
+            "kernel {}: functions from {:?}, ring buffer: {}, {types}, CDB {}, {mechanism}",
             kernel.release,
             kernel.source,
             kernel.ringbuf,
-            self.scsi.task_lookup,
             if self.scsi.cdb_pointer { "via sc->cmnd pointer" } else { "in sc->cmnd[]" },
         )]
     }
@@ -475,12 +471,11 @@ pub fn plan_for_ebpf(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::headers::TaskLookup;
     use crate::kernel::Paths;
     use std::fs;
 
     const ALL: &str = "iscsi_queuecommand [libiscsi]\niscsi_prep_scsi_cmd_pdu [libiscsi]\niscsi_complete_task [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\niscsi_requeue_task [libiscsi]\niscsi_itt_to_ctask [libiscsi]\n";
-    const OLD: ScsiLayout = ScsiLayout { task_lookup: TaskLookup::ScsiPointer, cdb_pointer: true };
+    const OLD: ScsiLayout = ScsiLayout { cdb_pointer: true };
 
     fn kernel_with(dir: &tempfile::TempDir, functions: &str) -> Kernel {
         let d = dir.path();
@@ -504,8 +499,7 @@ mod tests {
         let k = kernel_with(&t, ALL);
         let p = StagePlan::choose(&k, ScsiLayout::modern()).unwrap();
         assert!(p.have_sent && p.have_r2t && p.notes.is_empty());
-        assert_eq!(p.probes.len(), 8);
-        assert!(p.values().contains(&("TASK_FROM_SC", Value::Ident("SC_TASK_PRIV"))));
+        assert_eq!(p.probes.len(), 7);
         assert!(p.values().contains(&("CDB_POINTER", Value::Bool(false))));
         assert_eq!(p, StagePlan::assume_all(ScsiLayout::modern()));
     }
@@ -524,7 +518,6 @@ mod tests {
             got,
             [
                 "fentry:libiscsi:iscsi_queuecommand -> fentry_queuecommand",
-                "fexit:libiscsi:iscsi_queuecommand -> fexit_queuecommand",
                 "fentry:libiscsi:iscsi_prep_scsi_cmd_pdu -> fentry_prep",
                 "fentry:libiscsi:iscsi_complete_task -> fentry_complete",
                 "fexit:libiscsi_tcp:iscsi_tcp_task_xmit -> fexit_xmit",
@@ -544,7 +537,7 @@ mod tests {
         assert_eq!(p.notes.len(), 3);
         assert!(p.notes[2].contains("NET and TARGET show '-'"));
         assert!(p.notes[0].contains("SEND shows '-'"));
-        assert_eq!(p.probes.len(), 4);
+        assert_eq!(p.probes.len(), 3);
         assert!(p.values().contains(&("HAVE_SENT", Value::Bool(false))));
     }
 
@@ -599,8 +592,7 @@ mod tests {
             ),
         ];
         let mut rendered = 0;
-        for scsi in [ScsiLayout::modern(), OLD, ScsiLayout { task_lookup: TaskLookup::PrivateData, cdb_pointer: true }]
-        {
+        for scsi in [ScsiLayout::modern(), OLD] {
             for have_sent in [true, false] {
                 let base = StagePlan { have_sent, ..StagePlan::choose(&k, scsi).unwrap() };
                 for plan in [base.clone(), base.with_fentry(&k)] {
@@ -613,10 +605,6 @@ mod tests {
                                 assert!(c.contains("#define HAVE_RX 1\n"));
                                 assert!(c.contains(&format!("#define FENTRY {}\n", plan.fentry as u8)));
                                 assert!(c.contains(&format!("#define CDB_POINTER {}\n", scsi.cdb_pointer as u8)));
-                                assert!(c.contains(&format!(
-                                    "#define SC_TASK_ADDR(sc) {}(sc)",
-                                    scsi.task_lookup.macro_name()
-                                )));
                                 assert!(c.contains(&format!("#define USE_RINGBUF {}\n", ringbuf as u8)));
                                 for p in &plan.probes {
                                     assert!(c.contains(&format!("int {}(", p.handler)), "{} missing", p.handler);
@@ -628,6 +616,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(rendered, 3 * 2 * 2 * 2 * 2 * 3);
+        assert_eq!(rendered, 2 * 2 * 2 * 2 * 2 * 3);
     }
 }
