@@ -363,8 +363,11 @@ fn mean_of(cmds: &[&Value], key: &str) -> f64 {
 
 /// The commands of one fio phase (2n reads of 4 KiB at iodepth 1, then n
 /// writes of `wbytes`) on session `sid`'s `disk`: the `k`-th run of writes
-/// of `wbytes` and the reads just before it, in completion order (the
-/// login's own scan commands come first, other phases after).
+/// of `wbytes` and the 4 KiB reads just before it, in completion order (the
+/// login's own scan commands come first, other phases after). Short by at
+/// most `untimed`, the commands the tool itself says it did not time (on
+/// kprobes the kernel skips a completion's program in netem's softirq while
+/// another program runs on that CPU: 5.10 missed 9 in one run).
 fn phase<'a>(
     cmds: &'a [Value],
     sid: u64,
@@ -372,19 +375,25 @@ fn phase<'a>(
     wbytes: u64,
     n: u64,
     k: usize,
+    untimed: u64,
 ) -> (Vec<&'a Value>, Vec<&'a Value>) {
     let seq: Vec<&Value> = cmds.iter().filter(|c| c.u64("sid") == sid && c.str("disk") == disk).collect();
     let is_w = |c: &Value| c.str("dir") == "W" && c.u64("bytes") == wbytes;
+    let is_r = |c: &Value| c.str("dir") == "R" && c.u64("bytes") == 4096;
     let mut starts = (0..seq.len()).filter(|&i| is_w(seq[i]) && (i == 0 || !is_w(seq[i - 1])));
     let i = starts.nth(k).unwrap_or_else(|| panic!("no run {k} of {wbytes} B writes on session {sid} ({disk})"));
     let n = n as usize;
-    assert!(i >= 2 * n && i + n <= seq.len(), "phase {k} on session {sid} ({disk}) is cut short");
-    let (reads, writes) = (seq[i - 2 * n..i].to_vec(), seq[i..i + n].to_vec());
+    let mut reads: Vec<&Value> = seq[..i].iter().rev().take(2 * n).take_while(|c| is_r(c)).copied().collect();
+    reads.reverse();
+    let writes: Vec<&Value> = seq[i..].iter().take(n).take_while(|c| is_w(c)).copied().collect();
+    let missing = 3 * n - reads.len() - writes.len();
     assert!(
-        reads.iter().all(|c| c.str("dir") == "R" && c.u64("bytes") == 4096),
-        "phase {k} on session {sid}: the commands before its writes are not its reads"
+        missing as u64 <= untimed,
+        "phase {k} on session {sid} ({disk}) is cut short: {} reads and {} writes of fio's {} and {n}, and the tool says only {untimed} were not timed",
+        reads.len(),
+        writes.len(),
+        2 * n
     );
-    assert!(writes.iter().all(|c| is_w(c)), "phase {k} on session {sid}: fewer writes than fio's");
     (reads, writes)
 }
 
@@ -397,10 +406,10 @@ fn phase_split(
     disk: &str,
     f: &(Fio, Fio),
     wbytes: u64,
-    k: usize,
+    untimed: u64,
 ) -> [(f64, f64); 2] {
     assert_eq!(f.0.reads, 2 * f.1.writes);
-    let (reads, writes) = phase(cmds, sid, disk, wbytes, f.1.writes, k);
+    let (reads, writes) = phase(cmds, sid, disk, wbytes, f.1.writes, 0, untimed);
     let mut out = [(0.0, 0.0); 2];
     for (i, (dir, c, clat)) in
         [("R", reads, f.0.read_clat_mean_ns), ("W", writes, f.1.write_clat_mean_ns)].into_iter().enumerate()
@@ -652,10 +661,10 @@ fn run_phases(lab: &Lab, target: &str) -> (Phases, SlowLun) {
 impl Phases {
     /// phase_split of each phase: the plain LUN without the delay, then
     /// with it (logged in again), the slow LUN with it, then both on fresh
-    /// connections without.
-    fn splits(&self, cmds: &[Value]) -> [[(f64, f64); 2]; 5] {
+    /// connections without. `untimed`: as phase's.
+    fn splits(&self, cmds: &[Value], untimed: u64) -> [[(f64, f64); 2]; 5] {
         let wbytes = self.wbytes;
-        let b = phase_split("plain, no delay", cmds, self.s0.sid as u64, &self.d0, &self.base, wbytes, 0);
+        let b = phase_split("plain, no delay", cmds, self.s0.sid as u64, &self.d0, &self.base, wbytes, untimed);
         let n = phase_split(
             &format!("plain, netem delay {D_MS} ms"),
             cmds,
@@ -663,7 +672,7 @@ impl Phases {
             &self.d1,
             &self.delayed,
             wbytes,
-            0,
+            untimed,
         );
         let bo = phase_split(
             &format!("slow LUN, netem delay {D_MS} ms"),
@@ -672,10 +681,10 @@ impl Phases {
             &self.slow_disk1,
             &self.both,
             wbytes,
-            0,
+            untimed,
         );
-        let p2 = phase_split("plain again, no delay", cmds, self.s2.sid as u64, &self.d2, &self.plain, wbytes, 0);
-        let sl = phase_split("slow LUN, no delay", cmds, self.slow_sid, &self.slow_disk, &self.slowed, wbytes, 0);
+        let p2 = phase_split("plain again, no delay", cmds, self.s2.sid as u64, &self.d2, &self.plain, wbytes, untimed);
+        let sl = phase_split("slow LUN, no delay", cmds, self.slow_sid, &self.slow_disk, &self.slowed, wbytes, untimed);
         [b, n, bo, p2, sl]
     }
 }
@@ -1004,7 +1013,7 @@ fn resp_splits_into_net_and_target_and_counts_retransmits() {
     // Commands the tool could not time, by its own summary (Finished::untimed).
     let untimed = out.untimed();
     println!("isclatency: {}", out.stderr.lines().rfind(|l| l.contains("commands shown")).unwrap_or(""));
-    let splits = ph.splits(&cmds);
+    let splits = ph.splits(&cmds, untimed);
     let round_trip = netem_round_trip(&ph.rt_plain, &ph.rt_delayed);
     check_iodepth_32(&ph, &cmds, untimed, round_trip);
     check_knobs(&ph, splits, round_trip);
