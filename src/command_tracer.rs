@@ -194,14 +194,14 @@ impl CommandTracer {
     /// last call (possibly none).
     pub fn poll(&mut self, timeout: Duration) -> Vec<CommandRecord> {
         let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        let mut out = Vec::new();
+        let mut cmds = Vec::new();
         for rec in self.events.poll(ms) {
-            match Command::parse(&rec) {
-                Some(c) => out.push(self.record(&c)),
+            match Command::parse(rec) {
+                Some(c) => cmds.push(c),
                 None => self.malformed += 1,
             }
         }
-        out
+        cmds.iter().map(|c| self.record(c)).collect()
     }
 
     /// Hand every command to `handler` until `keep_going` says no (asked

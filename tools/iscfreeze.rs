@@ -152,8 +152,7 @@ fn run(args: Args) -> Result<()> {
     }
     let mut stack_table = bpf.table("stacks")?;
     while !stop.stopped() && !out.closed() {
-        let recs = events.poll(stop.poll_ms(100));
-        view.take(&recs, &mut stack_table);
+        view.take(events.poll(stop.poll_ms(100)), &mut stack_table);
         view.print_ready(out, false);
         out.flush();
     }
@@ -161,12 +160,10 @@ fn run(args: Args) -> Result<()> {
     if !out.closed() {
         let until = Instant::now() + Duration::from_millis(300);
         while Instant::now() < until && !view.matcher.is_empty() {
-            let recs = events.poll(50);
-            view.take(&recs, &mut stack_table);
+            view.take(events.poll(50), &mut stack_table);
             view.print_ready(out, false);
         }
-        let recs = events.poll(0);
-        view.take(&recs, &mut stack_table);
+        view.take(events.poll(0), &mut stack_table);
         view.print_ready(out, true);
     }
     out.flush();

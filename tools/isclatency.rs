@@ -93,12 +93,17 @@ fn run(args: Args) -> Result<()> {
         out.line(&view.header());
     }
     let (mut shown, mut malformed) = (0u64, 0u64);
+    let mut line = String::with_capacity(256);
     runner::print_events(&mut events, stop, out, |rec, out| {
         let Some(cmd) = Command::parse(rec) else {
             malformed += 1;
             return true;
         };
-        let line = if args.common.json { view.json(&cmd) } else { view.row(&cmd) };
+        if args.common.json {
+            line = view.json(&cmd);
+        } else {
+            view.write_row(&mut line, &cmd);
+        }
         let ok = out.line(&line);
         shown += ok as u64;
         ok

@@ -141,9 +141,8 @@ fn run(args: Args) -> Result<()> {
     };
     write_prom(&view)?;
     while !stop.stopped() && !out.closed() {
-        let recs = events.poll(stop.poll_ms(100));
         let mut changed = false;
-        for b in &recs {
+        for b in events.poll(stop.poll_ms(100)) {
             let Some(mut e) = StateEvent::parse(b) else {
                 view.malformed += 1;
                 continue;
@@ -159,11 +158,7 @@ fn run(args: Args) -> Result<()> {
                 continue;
             }
             if let Some(s) = view.take(&mut bpf, &e) {
-                let time = if args.common.timestamp {
-                    view.clock.wall(s.ts)
-                } else {
-                    format!("{:.6}", view.clock.since_start(s.ts))
-                };
+                let time = view.clock.time(s.ts, args.common.timestamp);
                 out.line(&if json { s.json(&time, &info) } else { s.line(&time, &info) });
                 view.shown += 1;
                 changed = true;

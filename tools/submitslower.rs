@@ -135,7 +135,7 @@ fn run(args: Args) -> Result<()> {
             malformed += 1;
             return true;
         };
-        let time = if args.common.timestamp { clock.wall(e.ts) } else { format!("{:.6}", clock.since_start(e.ts)) };
+        let time = clock.time(e.ts, args.common.timestamp);
         let ok = out.line(&submit::line(&e, &time, unit, &mut devs, args.common.json));
         shown += ok as u64;
         ok

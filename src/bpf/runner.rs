@@ -8,8 +8,7 @@ use bcc::perf_event::PerfMapBuilder;
 use bcc::ring_buf::{RingBufBuilder, RingCallback};
 use bcc::{Kprobe, Kretprobe, BPF};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,10 +124,13 @@ pub fn attach(bpf: &mut BPF, probes: &[Probe], targets: &crate::bpf::fentry::Tar
     Ok(links)
 }
 
-/// Raw event records, whichever buffer carries them.
+/// Raw event records, whichever buffer carries them. The buffer's callback
+/// appends each record to one byte arena (its length, then its bytes); a
+/// poll takes the arena whole, so a record costs a copy and no allocation.
 pub struct Events {
     source: Source,
-    rx: Receiver<Vec<u8>>,
+    arena: Arc<Mutex<Vec<u8>>>,
+    batch: Vec<u8>,
 }
 
 enum Source {
@@ -136,34 +138,61 @@ enum Source {
     Perf(bcc::perf_event::PerfMap),
 }
 
+/// Append one record to the arena (a poisoned lock still holds bytes).
+fn append(arena: &Mutex<Vec<u8>>, data: &[u8]) {
+    let mut a = arena.lock().unwrap_or_else(|p| p.into_inner());
+    a.extend_from_slice(&(data.len() as u32).to_ne_bytes());
+    a.extend_from_slice(data);
+}
+
+/// The records of one poll, in the order the buffer gave them.
+pub struct Records<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Records<'a> {
+    pub fn new(arena: &'a [u8]) -> Records<'a> {
+        Records { rest: arena }
+    }
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let (len, rest) = self.rest.split_first_chunk::<4>()?;
+        let len = (u32::from_ne_bytes(*len) as usize).min(rest.len());
+        let (rec, rest) = rest.split_at(len);
+        self.rest = rest;
+        Some(rec)
+    }
+}
+
 impl Events {
     /// Open the `events` table of a program built from common.h.
     pub fn open(bpf: &BPF, ringbuf: bool) -> Result<Events> {
         let table = bpf.table("events")?;
-        let (tx, rx) = channel::<Vec<u8>>();
+        let arena = Arc::new(Mutex::new(Vec::with_capacity(1 << 16)));
         let source = if ringbuf {
-            let cb = RingCallback::new(Box::new(move |data: &[u8]| {
-                let _ = tx.send(data.to_vec());
-            }));
+            let a = arena.clone();
+            let cb = RingCallback::new(Box::new(move |data: &[u8]| append(&a, data)));
             Source::Ring(RingBufBuilder::new(table, cb).build()?)
         } else {
+            let a = arena.clone();
             let perf = PerfMapBuilder::new(table, move || {
-                let tx = tx.clone();
-                Box::new(move |data: &[u8]| {
-                    let _ = tx.send(data.to_vec());
-                })
+                let a = a.clone();
+                Box::new(move |data: &[u8]| append(&a, data))
             })
             .page_count(256)
             .build()?;
             Source::Perf(perf)
         };
-        Ok(Events { source, rx })
+        Ok(Events { source, arena, batch: Vec::with_capacity(1 << 16) })
     }
 
     /// Wait up to `timeout_ms` and return the records that arrived. The
     /// programs wake the ring buffer's reader only once a batch is waiting
     /// (common.h), so after the wait whatever is there is drained.
-    pub fn poll(&mut self, timeout_ms: i32) -> Vec<Vec<u8>> {
+    pub fn poll(&mut self, timeout_ms: i32) -> Records<'_> {
         match &mut self.source {
             Source::Ring(r) => {
                 r.poll(timeout_ms);
@@ -171,7 +200,9 @@ impl Events {
             }
             Source::Perf(p) => p.poll(timeout_ms),
         }
-        self.rx.try_iter().collect()
+        self.batch.clear();
+        std::mem::swap(&mut *self.arena.lock().unwrap_or_else(|p| p.into_inner()), &mut self.batch);
+        Records::new(&self.batch)
     }
 }
 
@@ -185,7 +216,7 @@ pub fn print_events(
 ) {
     'outer: while !stop.stopped() && !out.closed() {
         for rec in events.poll(stop.poll_ms(100)) {
-            if !show(&rec, out) {
+            if !show(rec, out) {
                 break 'outer;
             }
         }
@@ -193,7 +224,7 @@ pub fn print_events(
     }
     if !out.closed() {
         for rec in events.poll(0) {
-            if !show(&rec, out) {
+            if !show(rec, out) {
                 break;
             }
         }
@@ -232,5 +263,33 @@ impl Stop {
             None => max,
         };
         ms.max(1) as i32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_come_back_whole_and_in_order() {
+        let arena = Mutex::new(Vec::new());
+        for rec in [&b"abc"[..], b"", b"0123456789"] {
+            append(&arena, rec);
+        }
+        let bytes = arena.into_inner().unwrap();
+        let got: Vec<&[u8]> = Records::new(&bytes).collect();
+        assert_eq!(got, [&b"abc"[..], b"", b"0123456789"]);
+    }
+
+    #[test]
+    fn a_cut_record_ends_the_batch_without_a_panic() {
+        let arena = Mutex::new(Vec::new());
+        append(&arena, b"whole");
+        append(&arena, b"cut short");
+        let mut bytes = arena.into_inner().unwrap();
+        bytes.truncate(bytes.len() - 3);
+        let got: Vec<&[u8]> = Records::new(&bytes).collect();
+        assert_eq!(got, [&b"whole"[..], b"cut sh"]);
+        assert_eq!(Records::new(&[1, 0]).count(), 0);
     }
 }

@@ -7,6 +7,17 @@ pub struct Object {
 
 pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
+    escape_into(&mut out, s);
+    out
+}
+
+/// `s` as the inside of a JSON string, appended to `out`.
+fn escape_into(out: &mut String, s: &str) {
+    use std::fmt::Write;
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.push_str(s);
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -14,34 +25,55 @@ pub fn escape(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
             c => out.push(c),
         }
     }
-    out
 }
 
 /// Integer types: what `num` writes as a JSON number as it is.
-pub trait Integer: std::fmt::Display + Copy {}
-macro_rules! integers { ($($t:ty),*) => { $(impl Integer for $t {})* } }
-integers!(u8, u16, u32, u64, usize, i8, i16, i32, i64);
+pub trait Integer: Copy {
+    /// The number in decimal, appended to `out`.
+    fn push(self, out: &mut String);
+}
+macro_rules! unsigned { ($($t:ty),*) => { $(impl Integer for $t {
+    fn push(self, out: &mut String) {
+        crate::cli::output::push_decimal(out, self as u64, 0);
+    }
+})* } }
+macro_rules! signed { ($($t:ty),*) => { $(impl Integer for $t {
+    fn push(self, out: &mut String) {
+        if self < 0 {
+            out.push('-');
+        }
+        crate::cli::output::push_decimal(out, self.unsigned_abs() as u64, 0);
+    }
+})* } }
+unsigned!(u8, u16, u32, u64, usize);
+signed!(i8, i16, i32, i64);
 
 impl Object {
     pub fn new() -> Self {
-        Object { buf: String::from("{") }
+        let mut buf = String::with_capacity(512);
+        buf.push('{');
+        Object { buf }
     }
     fn key(&mut self, k: &str) {
         if self.buf.len() > 1 {
             self.buf.push(',');
         }
+        // Keys are the program's own names: nothing in them to escape.
+        debug_assert_eq!(escape(k), k);
         self.buf.push('"');
-        self.buf.push_str(&escape(k));
+        self.buf.push_str(k);
         self.buf.push_str("\":");
     }
     pub fn str(mut self, k: &str, v: &str) -> Self {
         self.key(k);
         self.buf.push('"');
-        self.buf.push_str(&escape(v));
+        escape_into(&mut self.buf, v);
         self.buf.push('"');
         self
     }
@@ -54,7 +86,7 @@ impl Object {
     /// An integer (only integer types implement [`Integer`]).
     pub fn num<N: Integer>(mut self, k: &str, v: N) -> Self {
         self.key(k);
-        self.buf.push_str(&v.to_string());
+        v.push(&mut self.buf);
         self
     }
     /// A float with `decimals` digits; null when not finite (JSON has no
@@ -62,7 +94,8 @@ impl Object {
     pub fn float(mut self, k: &str, v: f64, decimals: usize) -> Self {
         self.key(k);
         if v.is_finite() {
-            self.buf.push_str(&format!("{v:.decimals$}"));
+            use std::fmt::Write;
+            let _ = write!(self.buf, "{v:.decimals$}");
         } else {
             self.buf.push_str("null");
         }
@@ -115,5 +148,7 @@ mod tests {
             .num("d", -4i32)
             .finish();
         assert_eq!(s, r#"{"a":1.235,"b":null,"c":null,"d":-4}"#);
+        let s = Object::new().num("min", i64::MIN).num("max", u64::MAX).num("zero", 0i8).finish();
+        assert_eq!(s, r#"{"min":-9223372036854775808,"max":18446744073709551615,"zero":0}"#);
     }
 }

@@ -16,14 +16,25 @@ impl Unit {
             Unit::Us => "us",
         }
     }
-    /// A duration in ns written in this unit into `out`, `-` for None.
+    /// A duration in ns written in this unit into `out`, `-` for None: ms
+    /// with 3 decimals, us with 1, rounded half up, in integer arithmetic
+    /// (exact at any magnitude; no float formatting per value).
     pub fn write(self, out: &mut String, ns: Option<u64>) -> std::fmt::Result {
-        use std::fmt::Write;
-        match (self, ns) {
-            (_, None) => write!(out, "-"),
-            (Unit::Ms, Some(ns)) => write!(out, "{:.3}", ns as f64 / 1e6),
-            (Unit::Us, Some(ns)) => write!(out, "{:.1}", ns as f64 / 1e3),
+        // The last decimal's step in ns, the steps per unit, the decimals.
+        let (step_ns, per_unit, decimals) = match self {
+            Unit::Ms => (1_000, 1_000, 3),
+            Unit::Us => (100, 10, 1),
+        };
+        match ns {
+            None => out.push('-'),
+            Some(ns) => {
+                let fine = rounded_div(ns, step_ns);
+                push_decimal(out, fine / per_unit, 1);
+                out.push('.');
+                push_decimal(out, fine % per_unit, decimals);
+            }
         }
+        Ok(())
     }
     /// A duration in ns shown in this unit: ms with 3 decimals, us with 1.
     pub fn fmt(self, ns: u64) -> String {
@@ -31,6 +42,30 @@ impl Unit {
         let _ = self.write(&mut s, Some(ns));
         s
     }
+}
+
+/// `v` in decimal appended to `out`, zero-padded to at least `width` digits
+/// (at most 20): what `write!(out, "{v:0width$}")` writes, without the
+/// formatting machinery, which costs several times more per number (an
+/// event's line holds a dozen; `cargo bench --bench format`).
+pub fn push_decimal(out: &mut String, mut v: u64, width: usize) {
+    let mut buf = [b'0'; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let i = i.min(buf.len() - width.min(buf.len()));
+    out.extend(buf[i..].iter().map(|&d| char::from(d)));
+}
+
+/// `n / d` rounded half up, without overflow.
+fn rounded_div(n: u64, d: u64) -> u64 {
+    n / d + u64::from(n % d >= d.div_ceil(2))
 }
 
 /// Converts bpf_ktime_get_ns() (CLOCK_MONOTONIC) to times people read.
@@ -61,6 +96,26 @@ impl Clock {
     /// Seconds since the tool started (never negative).
     pub fn since_start(&self, mono_ns: u64) -> f64 {
         mono_ns.saturating_sub(self.start_mono_ns) as f64 / 1e9
+    }
+
+    /// The TIME cell of an event at `mono_ns`: wall-clock `HH:MM:SS.mmm`
+    /// (`wall`), else seconds since the start with 6 decimals.
+    pub fn write_time(&self, out: &mut String, mono_ns: u64, wall: bool) {
+        if wall {
+            out.push_str(&self.wall(mono_ns));
+        } else {
+            let us = rounded_div(mono_ns.saturating_sub(self.start_mono_ns), 1_000);
+            push_decimal(out, us / 1_000_000, 1);
+            out.push('.');
+            push_decimal(out, us % 1_000_000, 6);
+        }
+    }
+
+    /// [`Clock::write_time`] as a String.
+    pub fn time(&self, mono_ns: u64, wall: bool) -> String {
+        let mut s = String::with_capacity(16);
+        self.write_time(&mut s, mono_ns, wall);
+        s
     }
 
     /// Local wall-clock `HH:MM:SS.mmm`.
@@ -99,7 +154,7 @@ impl Out {
         if self.closed {
             return false;
         }
-        if writeln!(self.inner, "{s}").is_err() {
+        if self.inner.write_all(s.as_bytes()).and_then(|_| self.inner.write_all(b"\n")).is_err() {
             self.closed = true;
         }
         !self.closed
@@ -149,6 +204,42 @@ mod tests {
         assert_eq!(Unit::Us.fmt(12_345_678), "12345.7");
         assert_eq!(Unit::Ms.fmt(0), "0.000");
         assert_eq!(Unit::Us.label(), "us");
+    }
+
+    #[test]
+    fn units_round_half_up_at_any_magnitude() {
+        assert_eq!(Unit::Ms.fmt(1_499), "0.001");
+        assert_eq!(Unit::Ms.fmt(1_500), "0.002");
+        assert_eq!(Unit::Ms.fmt(999_999_500), "1000.000");
+        assert_eq!(Unit::Us.fmt(49), "0.0");
+        assert_eq!(Unit::Us.fmt(50), "0.1");
+        assert_eq!(Unit::Us.fmt(999_950), "1000.0");
+        assert_eq!(Unit::Ms.fmt(u64::MAX), "18446744073709.552");
+        assert_eq!(Unit::Us.fmt(u64::MAX), "18446744073709551.6");
+        let mut s = String::new();
+        Unit::Ms.write(&mut s, None).unwrap();
+        assert_eq!(s, "-");
+    }
+
+    #[test]
+    fn decimals_as_the_formatter_writes_them() {
+        for v in [0, 7, 10, 999, 1_000, 123_456_789, u64::MAX] {
+            for width in [0, 1, 3, 6, 20, 25] {
+                let mut s = String::new();
+                push_decimal(&mut s, v, width);
+                assert_eq!(s, format!("{v:0w$}", w = width.min(20)), "{v} width {width}");
+            }
+        }
+    }
+
+    #[test]
+    fn time_cell_since_start_and_wall() {
+        let c = Clock::fixed(1_000_000_000, 0);
+        assert_eq!(c.time(500, false), "0.000000", "before the start: 0, never negative");
+        assert_eq!(c.time(3_500_000_000, false), "2.500000");
+        assert_eq!(c.time(1_000_000_000 + 3_600_999_999_500, false), "3601.000000");
+        assert_eq!(c.time(1_000_000_000 + 1_234_567_890, false), "1.234568");
+        assert_eq!(c.time(1_000_000_000, true), c.wall(1_000_000_000));
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub struct FreezeView {
 
 impl FreezeView {
     /// Take records from the event buffer: waits to match, freezes that ended.
-    pub fn take(&mut self, recs: &[Vec<u8>], stacks: &mut bcc::table::Table) {
+    pub fn take<'a>(&mut self, recs: impl IntoIterator<Item = &'a [u8]>, stacks: &mut bcc::table::Table) {
         let now = Instant::now();
         for b in recs {
             let Some(r) = FreezeEvent::parse(b) else {
@@ -77,8 +77,7 @@ impl FreezeView {
     fn lines(&self, p: &Ended, waits: &[u64]) -> Vec<String> {
         let r = &p.rec;
         let u = self.unit;
-        let time =
-            if self.timestamp { self.clock.wall(r.start) } else { format!("{:.6}", self.clock.since_start(r.start)) };
+        let time = self.clock.time(r.start, self.timestamp);
         let freeze = r.kind == FreezeEvent::KIND_FREEZE;
         let kind = if freeze { "freeze" } else { "quiesce" };
         let frozen = r.end.saturating_sub(r.start);

@@ -225,10 +225,11 @@ impl LiveTopology {
         LiveTopology { topo, sysfs, read_at: Instant::now() }
     }
 
-    /// The disk of a SCSI address, `?` where sysfs names none.
-    pub fn disk_name(&mut self, host: u32, channel: u32, id: u32, lun: u64) -> String {
-        if let Some(d) = self.topo.disk_name(host, channel, id, lun) {
-            return d.to_string();
+    /// Read sysfs again (at most once a second) if it names no disk for
+    /// this SCSI address yet.
+    pub fn learn(&mut self, host: u32, channel: u32, id: u32, lun: u64) {
+        if self.topo.disk_name(host, channel, id, lun).is_some() {
+            return;
         }
         if let Some(sys) = &self.sysfs {
             if self.read_at.elapsed().as_secs() >= 1 {
@@ -238,7 +239,17 @@ impl LiveTopology {
                 self.read_at = Instant::now();
             }
         }
-        self.topo.disk_name(host, channel, id, lun).unwrap_or("?").to_string()
+    }
+
+    /// The disk of a SCSI address as last read, `?` where sysfs names none.
+    pub fn known_disk(&self, host: u32, channel: u32, id: u32, lun: u64) -> &str {
+        self.topo.disk_name(host, channel, id, lun).unwrap_or("?")
+    }
+
+    /// The disk of a SCSI address, `?` where sysfs names none.
+    pub fn disk_name(&mut self, host: u32, channel: u32, id: u32, lun: u64) -> String {
+        self.learn(host, channel, id, lun);
+        self.known_disk(host, channel, id, lun).to_string()
     }
 
     pub fn session(&self, sid: u32) -> Option<&Session> {

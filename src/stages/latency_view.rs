@@ -3,7 +3,7 @@
 
 use crate::bpf::events::Command;
 use crate::cli::json;
-use crate::cli::output::{Clock, Unit};
+use crate::cli::output::{push_decimal, Clock, Unit};
 use crate::iscsi::topology::{LiveTopology, Topology};
 use crate::stages::StagePlan;
 use std::fmt::Write;
@@ -67,17 +67,8 @@ impl LatencyView {
         }
     }
 
-    fn disk_of(&mut self, c: &Command) -> String {
-        self.topo.disk_name(c.host, c.channel, c.id, c.lun)
-    }
-
     fn time(&self, c: &Command) -> String {
-        let done = c.ts_queue + c.total;
-        if self.timestamp {
-            self.clock.wall(done)
-        } else {
-            format!("{:.6}", self.clock.since_start(done))
-        }
+        self.clock.time(c.ts_queue + c.total, self.timestamp)
     }
 
     pub fn header(&self) -> String {
@@ -89,19 +80,29 @@ impl LatencyView {
         line
     }
 
-    /// One command's line: the cells written into one buffer, no
-    /// allocation per cell.
+    /// One command's line.
     pub fn row(&mut self, c: &Command) -> String {
-        let disk = self.disk_of(c);
         let mut line = String::with_capacity(160);
-        let mut cell = String::with_capacity(64);
+        self.write_row(&mut line, c);
+        line
+    }
+
+    /// One command's line written into `line` (cleared first): each cell
+    /// goes straight into it and is padded there, so a reused `line` makes
+    /// no allocation per command.
+    pub fn write_row(&mut self, line: &mut String, c: &Command) {
+        self.topo.learn(c.host, c.channel, c.id, c.lun);
+        let disk = self.topo.known_disk(c.host, c.channel, c.id, c.lun);
+        line.clear();
         for (i, col) in self.cols.iter().enumerate() {
-            cell.clear();
-            self.cell(&mut cell, col, c, &disk);
-            col.push(&mut line, i == 0, &cell);
+            if i > 0 {
+                line.push(' ');
+            }
+            let start = line.len();
+            self.cell(line, col, c, disk);
+            col.pad(line, start);
         }
         line.truncate(line.trim_end().len());
-        line
     }
 
     fn cell(&self, out: &mut String, col: &Column, c: &Command, disk: &str) {
@@ -109,19 +110,31 @@ impl LatencyView {
         let session = || self.topo.session(c.sid);
         let _ = match col.field {
             Field::Time => {
-                out.push_str(&self.time(c));
+                self.clock.write_time(out, c.ts_queue + c.total, self.timestamp);
                 Ok(())
             }
             Field::Comm => {
                 out.extend(c.comm.chars().take(col.width));
                 Ok(())
             }
-            Field::Pid => write!(out, "{}", c.pid),
+            Field::Pid => {
+                push_decimal(out, c.pid.into(), 0);
+                Ok(())
+            }
             Field::SidCid => write!(out, "{}:{}", c.sid, c.cid),
-            Field::Disk => write!(out, "{disk}"),
+            Field::Disk => {
+                out.push_str(disk);
+                Ok(())
+            }
             Field::Lun => write!(out, "{}", c.lun),
-            Field::Dir => write!(out, "{}", c.dir.letter()),
-            Field::Bytes => write!(out, "{}", c.bytes),
+            Field::Dir => {
+                out.push_str(c.dir.letter());
+                Ok(())
+            }
+            Field::Bytes => {
+                push_decimal(out, c.bytes.into(), 0);
+                Ok(())
+            }
             Field::Wait => u.write(out, Some(c.wait)),
             Field::Send => u.write(out, self.have_sent.then_some(c.send)),
             Field::Resp => u.write(out, Some(c.resp)),
@@ -146,7 +159,8 @@ impl LatencyView {
     }
 
     pub fn json(&mut self, c: &Command) -> String {
-        let disk = self.disk_of(c);
+        self.topo.learn(c.host, c.channel, c.id, c.lun);
+        let disk = self.topo.known_disk(c.host, c.channel, c.id, c.lun);
         let s = self.topo.session(c.sid);
         json::Object::new()
             .str("time", &self.time(c))
@@ -156,7 +170,7 @@ impl LatencyView {
             .num("cid", c.cid)
             .num("host", c.host)
             .num("lun", c.lun)
-            .str("disk", &disk)
+            .str("disk", disk)
             .str("dir", c.dir.letter())
             .num("opcode", c.opcode)
             .num("bytes", c.bytes)
@@ -177,6 +191,9 @@ impl LatencyView {
             .finish()
     }
 }
+
+/// Padding for a cell: as wide as the widest column.
+const SPACES: &str = "                                ";
 
 /// What a column shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,13 +243,19 @@ impl Column {
         if !first {
             line.push(' ');
         }
-        let pad = self.width.saturating_sub(cell.chars().count());
+        let start = line.len();
+        line.push_str(cell);
+        self.pad(line, start);
+    }
+
+    /// Pad the cell written at `line[start..]` to the column's width: spaces
+    /// after it (left-aligned) or before it (right-aligned).
+    fn pad(&self, line: &mut String, start: usize) {
+        let pad = self.width.saturating_sub(line[start..].chars().count()).min(SPACES.len());
         if self.left {
-            line.push_str(cell);
-            line.extend(std::iter::repeat_n(' ', pad));
+            line.push_str(&SPACES[..pad]);
         } else {
-            line.extend(std::iter::repeat_n(' ', pad));
-            line.push_str(cell);
+            line.insert_str(start, &SPACES[..pad]);
         }
     }
 }
@@ -380,6 +403,27 @@ mod tests {
         }
         assert_eq!(cell(&v, &line, "COMM"), "kworker/u16:10", "COMM cut to 14 as biosnoop does");
         assert_eq!(cell(&v, &line, "TOTAL(ms)"), "4938.272");
+    }
+
+    #[test]
+    fn every_column_fits_the_padding() {
+        for set in [Columns::Default, Columns::Wide, Columns::Extended] {
+            for c in columns(Unit::Us, true, set) {
+                assert!(c.width <= SPACES.len(), "{} is {} wide", c.name, c.width);
+            }
+        }
+    }
+
+    #[test]
+    fn a_reused_line_holds_only_the_last_command() {
+        let mut v = view(true, true, false);
+        let mut line = String::new();
+        let long = Command { comm: "kworker/u16:10H".into(), result: 0x0007_0000, ..cmd(2_000_000) };
+        v.write_row(&mut line, &long);
+        v.write_row(&mut line, &cmd(2_000_000));
+        assert_eq!(line, v.row(&cmd(2_000_000)));
+        assert_eq!(cell(&v, &line, "COMM"), "fio");
+        assert_eq!(cell(&v, &line, "RESULT"), "ok");
     }
 
     #[test]
