@@ -180,3 +180,27 @@ fn kernel_types_agree_with_the_headers() {
         t0.elapsed().as_secs_f64()
     );
 }
+
+/// The stage tools read a command's start on one CPU and its end on
+/// another: the guest's clock (CLOCK_MONOTONIC, bpf_ktime_get_ns's) must
+/// never step back between CPUs, whichever clocksource the lab booted on
+/// (tests/lab/run --clock: the TSC by default, as real hosts run).
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn guest_clock_never_steps_back_between_cpus() {
+    let _lab = lab();
+    let cmdline = std::fs::read_to_string("/proc/cmdline").expect("read /proc/cmdline");
+    let current = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .expect("read the current clocksource");
+    if let Some(asked) = cmdline.split_whitespace().find_map(|w| w.strip_prefix("clocksource=")) {
+        assert_eq!(current.trim(), asked, "booted with clocksource={asked}, running on {current}");
+    }
+    let check = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/lab/clock-check");
+    let out = std::process::Command::new(check).arg("100000").output().expect("run tests/lab/clock-check");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(" 0 steps back"), "{text}");
+    // Every read on the CPU its thread was pinned to: each handoff crossed CPUs.
+    assert!(text.contains(", 100000 reads on the pinned CPUs over 100000 handoffs"), "{text}");
+}
