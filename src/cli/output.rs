@@ -46,8 +46,8 @@ impl Unit {
 
 /// `v` in decimal appended to `out`, zero-padded to at least `width` digits
 /// (at most 20): what `write!(out, "{v:0width$}")` writes, without the
-/// formatting machinery, which costs several times more per number (an
-/// event's line holds a dozen; `cargo bench --bench format`).
+/// formatting machinery (a time as `ms.uuu` takes 0.6 of the instructions
+/// `write!` takes, under callgrind; an event's line holds a dozen numbers).
 pub fn push_decimal(out: &mut String, mut v: u64, width: usize) {
     let mut buf = [b'0'; 20];
     let mut i = buf.len();
