@@ -67,6 +67,26 @@ fn disks_now(sysfs: &std::path::Path, filter: &KernelFilter) -> Option<Vec<Strin
     Topology::read(sysfs).ok().map(|t| traced_disks(&t, filter))
 }
 
+/// One round: a TEST UNIT READY to each disk through `send` (true:
+/// answered), counted in `answered` or `failed`. The stop flag is read
+/// before each one, so once told to stop the thread sends nothing more and
+/// at most the one in flight goes uncounted in the summary.
+fn round(
+    disks: &[String],
+    stop: &AtomicBool,
+    mut send: impl FnMut(&str) -> bool,
+    answered: &AtomicU64,
+    failed: &AtomicU64,
+) {
+    for d in disks {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let counter = if send(d) { answered } else { failed };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The probe thread, told to stop when dropped. It is never joined: a TEST
 /// UNIT READY to a session in recovery blocks until the kernel fails it
 /// (the replacement timeout, 120 s by default), and the tool's exit must
@@ -98,12 +118,7 @@ impl TurProbe {
                     }
                 }
                 first = false;
-                for d in &disks {
-                    match crate::iscsi::tur::test_unit_ready(d, TUR_TIMEOUT_MS) {
-                        Ok(_) => n.fetch_add(1, Ordering::Relaxed),
-                        Err(_) => e.fetch_add(1, Ordering::Relaxed),
-                    };
-                }
+                round(&disks, &s, |d| crate::iscsi::tur::test_unit_ready(d, TUR_TIMEOUT_MS).is_ok(), &n, &e);
                 while t.elapsed() < every && !s.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(50).min(every));
                 }
@@ -168,6 +183,43 @@ mod tests {
         let after = disks_now(&tmp, &filter).unwrap();
         std::fs::remove_dir_all(&tmp).unwrap();
         assert_eq!(after, vec![before[0].clone(), "sdx".to_string()]);
+    }
+
+    /// Told to stop during a round, the probe sends nothing more: the
+    /// summary's count is short by at most the one in flight.
+    #[test]
+    fn a_round_stops_before_the_next_disk() {
+        let disks: Vec<String> = ["sda", "sdb", "sdc", "sdd"].map(String::from).to_vec();
+        let (stop, answered, failed) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+        let mut sent = Vec::new();
+        round(
+            &disks,
+            &stop,
+            |d| {
+                sent.push(d.to_string());
+                if d == "sdb" {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                d != "sda"
+            },
+            &answered,
+            &failed,
+        );
+        assert_eq!(sent, ["sda", "sdb"]);
+        assert_eq!((answered.load(Ordering::Relaxed), failed.load(Ordering::Relaxed)), (1, 1));
+        stop.store(false, Ordering::Relaxed);
+        let mut n = 0;
+        round(
+            &disks,
+            &stop,
+            |_| {
+                n += 1;
+                true
+            },
+            &answered,
+            &failed,
+        );
+        assert_eq!((n, answered.load(Ordering::Relaxed)), (4, 5));
     }
 
     #[test]
