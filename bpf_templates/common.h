@@ -22,7 +22,8 @@
  * else through a perf buffer. A failed submit is counted, never silent. */
 #define USE_RINGBUF {{USE_RINGBUF}}
 #if USE_RINGBUF
-BPF_RINGBUF_OUTPUT(events, 256);  /* pages: 1 MiB, about 9000 events */
+#define EVENT_PAGES {{EVENT_PAGES}}  /* src/bpf/runner.rs (EventBuffer) */
+BPF_RINGBUF_OUTPUT(events, EVENT_PAGES);
 #define RINGBUF_BATCH 64
 BPF_PERCPU_ARRAY(ringbuf_batch, u32, 1);
 #else

@@ -16,13 +16,31 @@
 //! 8. the tool's print loop, then [`Tracer::finish`]: the exit summary.
 
 use crate::bpf::fentry::Targets;
-use crate::bpf::runner::{self, Events, Links, Probe, Stop};
+use crate::bpf::runner::{self, EventBuffer, Events, Links, Probe, Stop};
 use crate::cli::output::{self, Out};
 use crate::cli::Common;
 use crate::error::Result;
 use crate::kernel::Kernel;
 use bcc::BPF;
+use clap::Args;
 use std::time::Duration;
+
+/// `-b PAGES`, for tools that send an event per command.
+#[derive(Args, Debug, Clone, Default)]
+pub struct BufferFlag {
+    /// Event buffer size in pages, a power of two (default 256: 1 MiB; see EVENTS LOST in the man page)
+    #[arg(short = 'b', long = "buffer-pages", value_name = "PAGES")]
+    pub buffer_pages: Option<u32>,
+}
+
+impl BufferFlag {
+    pub fn pages(&self) -> Result<u32> {
+        match self.buffer_pages {
+            None => Ok(EventBuffer::DEFAULT_PAGES),
+            Some(p) => EventBuffer::checked_pages("-b/--buffer-pages", p),
+        }
+    }
+}
 
 /// A tool on its way to tracing.
 pub struct Startup<'a> {
@@ -32,6 +50,8 @@ pub struct Startup<'a> {
     /// Status and summary lines on stderr even without `--json` (a tool
     /// whose reports are off).
     pub quiet: bool,
+    /// The event buffer's size in pages (`-b` where a tool has it).
+    pub event_pages: u32,
     duration: Option<Duration>,
 }
 
@@ -65,13 +85,25 @@ pub struct Tracer {
 impl<'a> Startup<'a> {
     pub fn new(tool: &'static str, common: &'a Common) -> Result<Startup<'a>> {
         let duration = common.duration()?;
-        Ok(Startup { tool, common, kernel: Kernel::detect(), quiet: common.json, duration })
+        Ok(Startup {
+            tool,
+            common,
+            kernel: Kernel::detect(),
+            quiet: common.json,
+            event_pages: EventBuffer::DEFAULT_PAGES,
+            duration,
+        })
     }
 
-    /// Whether events come through a ring buffer in what `--ebpf` prints:
-    /// the running kernel's answer where it can be read, else yes.
-    pub fn ebpf_ringbuf(&self) -> bool {
-        self.kernel.ringbuf || self.kernel.function_count() == 0
+    /// The event buffer of what `--ebpf` prints: a ring buffer where the
+    /// running kernel has one or cannot be read.
+    pub fn ebpf_buffer(&self) -> EventBuffer {
+        EventBuffer { ring: self.kernel.ringbuf || self.kernel.function_count() == 0, ..self.event_buffer() }
+    }
+
+    /// The event buffer the program is compiled with and read from.
+    pub fn event_buffer(&self) -> EventBuffer {
+        EventBuffer { ring: self.kernel.ringbuf, pages: self.event_pages }
     }
 
     /// With `--ebpf`: print the program and return true (the tool then
@@ -125,7 +157,7 @@ impl<'a> Startup<'a> {
     /// The program's event buffer: its ring buffer, or its perf buffer
     /// where the kernel has no ring buffer.
     pub fn events(&self, bpf: &BPF) -> Result<Events> {
-        Events::open(bpf, self.kernel.ringbuf)
+        Events::open(bpf, self.event_buffer())
     }
 
     /// Install the stop conditions (Ctrl-C, SIGTERM, `--duration`) and say
@@ -142,5 +174,24 @@ impl Tracer {
     /// The exit summary (on stderr with `--json`).
     pub fn finish(&mut self, lines: &[String]) {
         output::summary(self.quiet, &mut self.out, lines);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_pages() {
+        let b = |p| BufferFlag { buffer_pages: p }.pages();
+        assert_eq!(b(None).unwrap(), 256);
+        assert_eq!(b(Some(1)).unwrap(), 1);
+        assert_eq!(b(Some(65536)).unwrap(), 65536);
+        for bad in [0, 3, 1000, 131072] {
+            assert_eq!(
+                b(Some(bad)).unwrap_err().to_string(),
+                "-b/--buffer-pages must be a power of two from 1 to 65536"
+            );
+        }
     }
 }

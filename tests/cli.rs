@@ -58,6 +58,13 @@ fn unknown_session_lists_what_exists() {
 }
 
 #[test]
+fn buffer_pages_must_be_a_power_of_two() {
+    for bad in ["0", "3", "131072"] {
+        isclatency_error(&isclatency(&["-b", bad], &[]), 2, "-b/--buffer-pages must be a power of two from 1 to 65536");
+    }
+}
+
+#[test]
 fn zero_duration() {
     isclatency_error(&isclatency(&["--duration", "0"], &[]), 2, "--duration must be at least 1 second");
 }
@@ -90,10 +97,11 @@ fn not_root() {
 
 #[test]
 fn ebpf_prints_the_program_without_root_or_iscsi() {
-    let out = isclatency(&["--ebpf", "-m", "7", "-r", "--lun", "3"], &[]);
+    let out = isclatency(&["--ebpf", "-m", "7", "-r", "--lun", "3", "-b", "8"], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("#define MIN_NS (7000LL * 1000ULL)"), "threshold substituted");
+    assert!(text.contains("#define EVENT_PAGES 8LL "), "-b substituted");
     assert!(text.contains("#define FILTER_DIR 1LL"));
     assert!(text.contains("#define FILTER_LUN 1") && text.contains("#define FILTER_LUN_VALUE 3LL"));
     assert!(!text.contains("{{"), "placeholder left in the program");

@@ -151,6 +151,35 @@ fn isclatency_exact_count_on_one_disk() {
     }
 }
 
+/// A full event buffer loses events and counts each one: isclatency with a
+/// one-page buffer (-b 1, 30 events) is stopped (SIGSTOP) while fio
+/// runs 1000 I/Os on its disk, then continued. The commands shown and the
+/// events lost add up to fio's count exactly, there are some of each, and
+/// the exit summary says how many did not fit and to raise -b.
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn isclatency_counts_every_event_a_full_buffer_loses() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let d = &lab.disks[0];
+    let t = start("isclatency", &["-u", "0", "--json", "-b", "1", "--disk", d]);
+    let pid = t.pid() as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let f = fio(d, "randrw", 1000, 8, &[]);
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let out = t.stop();
+    assert!(out.status.success(), "{}", out.stderr);
+    let shown = out.json().len() as u64;
+    let lost = out.summary("events lost");
+    println!("fio: {} I/Os; isclatency -b 1, stopped meanwhile: {shown} shown, {lost} lost", f.ios());
+    assert_eq!(out.summary("commands shown"), shown);
+    assert_eq!(out.summary("still in flight"), 0);
+    assert_eq!(shown + lost, f.ios(), "shown + lost must be fio's count: {}", out.stderr);
+    assert!(shown > 0 && lost > 0, "a one-page buffer holds some of 1000 events, not all");
+    let note = format!("{lost} events did not fit the event buffer (-b 1)");
+    assert!(out.stderr.contains(&note), "no {note:?} in: {}", out.stderr);
+}
+
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
 fn isclatency_netem_delay_is_resp_time() {

@@ -87,9 +87,9 @@ fn run(args: Args) -> Result<()> {
             probes: vec![],
             notes: vec![],
             layout,
-            ringbuf: true,
+            buffer: s.ebpf_buffer(),
         });
-        let plan = FreezePlan { ringbuf: s.ebpf_ringbuf(), ..plan };
+        let plan = FreezePlan { buffer: s.ebpf_buffer(), ..plan };
         Ok(kernel_types::program(types.as_ref().ok(), &plan.render(min_us, !args.all_disks)?))
     })?;
     if ebpf {

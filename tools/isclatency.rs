@@ -5,6 +5,7 @@
 
 use clap::Parser;
 use storprototrace::bpf::events::Command;
+use storprototrace::bpf::maps::Counter;
 use storprototrace::bpf::runner;
 use storprototrace::bpf::templates;
 use storprototrace::cli::output::{Clock, Unit};
@@ -12,7 +13,7 @@ use storprototrace::cli::{self, Common, Threshold};
 use storprototrace::stages::filters::Filters;
 use storprototrace::stages::latency_view::{Columns, LatencyView};
 use storprototrace::stages::tur_probe::{TurFlag, TurProbe};
-use storprototrace::start::{Startup, Tracer};
+use storprototrace::start::{BufferFlag, Startup, Tracer};
 use storprototrace::{error, stages, Result};
 
 const ABOUT: &str = "Trace iSCSI commands slower than a threshold, with where their time went.
@@ -48,6 +49,8 @@ struct Args {
     filters: Filters,
     #[command(flatten)]
     tur: TurFlag,
+    #[command(flatten)]
+    buffer: BufferFlag,
     /// Every column: SID:CID, LUN, RESP, RETX and RESULT beside the default ones
     #[arg(short = 'W', long)]
     wide: bool,
@@ -66,7 +69,8 @@ fn run(args: Args) -> Result<()> {
     let (min_us, unit) = args.threshold.resolve(10)?;
     args.filters.validate()?;
     let tur_every = args.tur.interval(&args.filters)?;
-    let s = Startup::new("isclatency", &args.common)?;
+    let mut s = Startup::new("isclatency", &args.common)?;
+    s.event_pages = args.buffer.pages()?;
     let values = [("MIN_US", min_us.into()), ("WHO", true.into())];
     let Some(t) = stages::start(&s, &args.filters, templates::ISCLATENCY, &values)? else {
         return Ok(());
@@ -110,6 +114,7 @@ fn run(args: Args) -> Result<()> {
     });
     let mut summary = vec![format!("{shown} commands shown, {}", t.untimed_summary(malformed)?)];
     summary.extend(probe.map(TurProbe::finish));
+    summary.extend(s.event_buffer().full_note(t.counter(Counter::Lost)?));
     tracer.finish(&summary);
     Ok(())
 }

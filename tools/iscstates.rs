@@ -79,7 +79,7 @@ fn run(args: Args) -> Result<()> {
     let types = kernel_types::from_btf_dir(&s.kernel.btf_dir, states::PARTS, kernel_types::ISCSI_MODULES);
     let ebpf = s.ebpf(|kernel| {
         let plan = StatesPlan::choose(kernel).unwrap_or_else(|_| StatesPlan::assume_all());
-        Ok(kernel_types::program(types.as_ref().ok(), &plan.render(s.ebpf_ringbuf())?))
+        Ok(kernel_types::program(types.as_ref().ok(), &plan.render(s.ebpf_buffer())?))
     })?;
     if ebpf {
         return Ok(());
@@ -105,7 +105,7 @@ fn run(args: Args) -> Result<()> {
             "probe raw_tracepoint:block_rq_complete -> rq_done (attached at the first failure)".into(),
         ],
         notes: plan.notes.clone(),
-        ..Program::new(kernel_types::program(types.as_ref().ok(), &plan.render(k.ringbuf)?), plan.probes.clone())
+        ..Program::new(kernel_types::program(types.as_ref().ok(), &plan.render(s.event_buffer())?), plan.probes.clone())
     };
     let (mut bpf, _links) = s.load(&program, |_| Ok(()))?;
     let mut view = StatesView {

@@ -12,7 +12,7 @@ use storprototrace::cli::{self, Common, Threshold};
 use storprototrace::iscsi::blockdev::{self, BlockDevs};
 use storprototrace::kernel::headers::BlockLayout;
 use storprototrace::kernel::types as kernel_types;
-use storprototrace::start::{Program, Startup, Tracer};
+use storprototrace::start::{BufferFlag, Program, Startup, Tracer};
 use storprototrace::submit::{self, SubmitPlan, PARTS, SUBMIT};
 use storprototrace::{error, Error, Result};
 
@@ -52,6 +52,8 @@ struct Args {
     #[arg(long)]
     iscsi: bool,
     #[command(flatten)]
+    buffer: BufferFlag,
+    #[command(flatten)]
     common: Common,
 }
 
@@ -61,17 +63,18 @@ fn main() {
 
 fn run(args: Args) -> Result<()> {
     let (min_us, unit) = args.threshold.resolve(1)?;
-    let s = Startup::new("submitslower", &args.common)?;
+    let mut s = Startup::new("submitslower", &args.common)?;
+    s.event_pages = args.buffer.pages()?;
     if let Some(d) = &args.disk {
         blockdev::validate_disk_name("--disk", d)?;
     }
     let sys = Path::new("/sys");
-    let plan = |layout, ringbuf, dev| SubmitPlan { layout, ringbuf, min_us, pid: args.pid, dev, disk_set: args.iscsi };
+    let plan = |layout, buffer, dev| SubmitPlan { layout, buffer, min_us, pid: args.pid, dev, disk_set: args.iscsi };
     let dev = || args.disk.as_ref().map(|d| BlockDevs::disk_dev(sys, "--disk", d)).transpose();
     let ebpf = s.ebpf(|kernel| {
         let (types, layout) = BlockLayout::choose(kernel, PARTS);
         let layout = layout.unwrap_or_else(|_| BlockLayout::modern());
-        Ok(kernel_types::program(types.as_ref().ok(), &plan(layout, s.ebpf_ringbuf(), dev()?).render()?))
+        Ok(kernel_types::program(types.as_ref().ok(), &plan(layout, s.ebpf_buffer(), dev()?).render()?))
     })?;
     if ebpf {
         return Ok(());
@@ -89,7 +92,7 @@ fn run(args: Args) -> Result<()> {
     let function = k.first_of(SUBMIT).ok_or_else(|| Error::missing_probe("bio submission", SUBMIT))?;
     let (types, layout) = BlockLayout::choose(k, PARTS);
     let layout = layout?;
-    let text = kernel_types::program(types.as_ref().ok(), &plan(layout, k.ringbuf, dev).render()?);
+    let text = kernel_types::program(types.as_ref().ok(), &plan(layout, s.event_buffer(), dev).render()?);
     let mut program = Program {
         describe: vec![format!(
             "kernel {}: functions from {:?}, ring buffer: {}, bio disk via {}, {}",
@@ -141,8 +144,11 @@ fn run(args: Args) -> Result<()> {
         ok
     });
     let mut counters = bpf.table("counters")?;
-    let lost = maps::counter(&mut counters, Counter::Lost) + malformed;
+    let full = maps::counter(&mut counters, Counter::Lost);
     let timed = maps::counter(&mut counters, Counter::SubmitTimed);
-    t.finish(&[format!("{shown} slow submissions shown, {timed} submissions timed, {lost} events lost")]);
+    let mut summary =
+        vec![format!("{shown} slow submissions shown, {timed} submissions timed, {} events lost", full + malformed)];
+    summary.extend(s.event_buffer().full_note(full));
+    t.finish(&summary);
     Ok(())
 }

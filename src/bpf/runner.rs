@@ -2,6 +2,7 @@
 //! ring buffer (perf buffer where the kernel lacks one), stop on Ctrl-C,
 //! SIGTERM or a duration, detach (on drop).
 
+use crate::bpf::templates::Value;
 use crate::error::{Error, Result};
 use crate::kernel::{self, Kernel};
 use bcc::perf_event::PerfMapBuilder;
@@ -124,6 +125,51 @@ pub fn attach(bpf: &mut BPF, probes: &[Probe], targets: &crate::bpf::fentry::Tar
     Ok(links)
 }
 
+/// The buffer a program's events go through: the BPF ring buffer where the
+/// kernel has one (5.8+), else a perf buffer; `pages` pages of memory (per
+/// CPU for a perf buffer), a power of two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventBuffer {
+    pub ring: bool,
+    pub pages: u32,
+}
+
+impl EventBuffer {
+    /// 1 MiB: 7710 of isclatency's events (128 bytes and the ring buffer's 8-byte header each).
+    pub const DEFAULT_PAGES: u32 = 256;
+    /// 256 MiB.
+    pub const MAX_PAGES: u32 = 65536;
+
+    pub fn new(ring: bool) -> EventBuffer {
+        EventBuffer { ring, pages: EventBuffer::DEFAULT_PAGES }
+    }
+
+    /// The template values of common.h.
+    pub fn values(&self) -> [(&'static str, Value); 2] {
+        [("USE_RINGBUF", self.ring.into()), ("EVENT_PAGES", self.pages.into())]
+    }
+
+    /// What the exit summary adds when `full` events did not fit.
+    pub fn full_note(&self, full: u64) -> Option<String> {
+        (full > 0).then(|| {
+            format!(
+                "{full} events did not fit the event buffer (-b {}): a larger -b (up to {}) or a higher threshold keeps them",
+                self.pages,
+                EventBuffer::MAX_PAGES
+            )
+        })
+    }
+
+    /// A page count given by the user: a power of two up to MAX_PAGES.
+    pub fn checked_pages(flag: &str, pages: u32) -> Result<u32> {
+        if pages.is_power_of_two() && pages <= EventBuffer::MAX_PAGES {
+            Ok(pages)
+        } else {
+            Err(Error::usage(format!("{flag} must be a power of two from 1 to {}", EventBuffer::MAX_PAGES)))
+        }
+    }
+}
+
 /// Raw event records, whichever buffer carries them. The buffer's callback
 /// appends each record to one byte arena (its length, then its bytes); a
 /// poll takes the arena whole, so a record costs a copy and no allocation.
@@ -169,10 +215,10 @@ impl<'a> Iterator for Records<'a> {
 
 impl Events {
     /// Open the `events` table of a program built from common.h.
-    pub fn open(bpf: &BPF, ringbuf: bool) -> Result<Events> {
+    pub fn open(bpf: &BPF, buffer: EventBuffer) -> Result<Events> {
         let table = bpf.table("events")?;
         let arena = Arc::new(Mutex::new(Vec::with_capacity(1 << 16)));
-        let source = if ringbuf {
+        let source = if buffer.ring {
             let a = arena.clone();
             let cb = RingCallback::new(Box::new(move |data: &[u8]| append(&a, data)));
             Source::Ring(RingBufBuilder::new(table, cb).build()?)
@@ -182,7 +228,7 @@ impl Events {
                 let a = a.clone();
                 Box::new(move |data: &[u8]| append(&a, data))
             })
-            .page_count(256)
+            .page_count(buffer.pages as i32)
             .build()?;
             Source::Perf(perf)
         };
@@ -291,5 +337,18 @@ mod tests {
         let got: Vec<&[u8]> = Records::new(&bytes).collect();
         assert_eq!(got, [&b"whole"[..], b"cut sh"]);
         assert_eq!(Records::new(&[1, 0]).count(), 0);
+    }
+
+    #[test]
+    fn event_buffer_values_and_full_note() {
+        let b = EventBuffer { ring: false, pages: 4 };
+        let v = b.values();
+        assert_eq!((v[0].0, v[1].0), ("USE_RINGBUF", "EVENT_PAGES"));
+        assert_eq!(EventBuffer::new(true).pages, EventBuffer::DEFAULT_PAGES);
+        assert_eq!(b.full_note(0), None);
+        assert_eq!(
+            b.full_note(7).unwrap(),
+            "7 events did not fit the event buffer (-b 4): a larger -b (up to 65536) or a higher threshold keeps them"
+        );
     }
 }

@@ -8,7 +8,7 @@
 pub mod view;
 
 use crate::bpf::events::{FreezeEvent, Reader};
-use crate::bpf::runner::Probe;
+use crate::bpf::runner::{EventBuffer, Probe};
 use crate::bpf::templates::{self, Template, Value};
 use crate::error::{Error, Result};
 use crate::iscsi::blockdev::{self, BlockDevs};
@@ -44,7 +44,7 @@ pub struct FreezePlan {
     pub probes: Vec<Probe>,
     pub notes: Vec<String>,
     pub layout: BlockLayout,
-    pub ringbuf: bool,
+    pub buffer: EventBuffer,
 }
 
 impl FreezePlan {
@@ -91,19 +91,19 @@ impl FreezePlan {
         if !layout.queue_disk {
             notes.push("struct request_queue has no disk pointer (before 5.15): disks are named from the queue's bdi, filtered in user space".into());
         }
-        Ok(FreezePlan { probes, notes, layout, ringbuf: kernel.ringbuf })
+        Ok(FreezePlan { probes, notes, layout, buffer: EventBuffer::new(kernel.ringbuf) })
     }
 
     /// The program; `filter_set`: only the disks put in the `disks` map
     /// (filtered in user space where the queue has no disk pointer).
     pub fn render(&self, min_us: u64, filter_set: bool) -> Result<String> {
-        let values: Vec<(&str, Value)> = vec![
-            ("USE_RINGBUF", self.ringbuf.into()),
+        let mut values: Vec<(&str, Value)> = self.buffer.values().to_vec();
+        values.extend([
             ("MIN_US", min_us.into()),
             ("FILTER_SET", (filter_set && self.layout.queue_disk).into()),
             ("QUEUE_DISK", self.layout.queue_disk.into()),
             ("QUIESCE_DEPTH", self.layout.quiesce_depth.into()),
-        ];
+        ]);
         Template::new(PARTS).render(&values)
     }
 
@@ -375,11 +375,13 @@ mod tests {
                             probes: vec![],
                             notes: vec![],
                             layout: BlockLayout { bio_bdev: true, queue_disk, quiesce_depth },
-                            ringbuf,
+                            buffer: EventBuffer { ring: ringbuf, pages: 8 },
                         };
                         let c = p.render(5, filter).unwrap();
                         assert!(c.contains(&format!("#define FILTER_SET {}\n", (filter && queue_disk) as u8)));
                         assert!(c.contains(&format!("#define QUEUE_DISK {}\n", queue_disk as u8)) && !c.contains("{{"));
+                        assert!(c.contains(&format!("#define USE_RINGBUF {}\n", ringbuf as u8)));
+                        assert!(c.contains("#define EVENT_PAGES 8LL "));
                     }
                 }
             }

@@ -13,7 +13,7 @@ pub mod stats;
 pub mod tur_probe;
 
 use crate::bpf::fentry::{Resolver, Targets};
-use crate::bpf::runner::{Links, Probe, ProbeKind};
+use crate::bpf::runner::{EventBuffer, Links, Probe, ProbeKind};
 use crate::bpf::templates::{self, Template, Value};
 use crate::error::{Error, Result};
 use crate::iscsi::topology::Topology;
@@ -256,10 +256,10 @@ pub fn render(
     tool_part: &str,
     plan: &StagePlan,
     filter: &KernelFilter,
-    ringbuf: bool,
+    buffer: EventBuffer,
     tool_values: &[(&'static str, Value)],
 ) -> Result<String> {
-    let mut values = vec![("USE_RINGBUF", ringbuf.into())];
+    let mut values = buffer.values().to_vec();
     values.extend(plan.values());
     values.extend(filter.values());
     values.extend_from_slice(tool_values);
@@ -313,6 +313,11 @@ pub struct Tracing {
 }
 
 impl Tracing {
+    /// One of the program's counters.
+    pub fn counter(&self, c: crate::bpf::maps::Counter) -> Result<u64> {
+        Ok(crate::bpf::maps::counter(&mut self.bpf.table("counters")?, c))
+    }
+
     /// The exit summary after its first part (what the tool showed or
     /// counted): the commands it did not time and why. `extra_lost`: events
     /// user space could not read (isclatency's malformed records).
@@ -382,7 +387,7 @@ pub fn start(
     let ebpf = s.ebpf(|kernel| {
         let topo = Topology::read(std::path::Path::new("/sys"))?;
         let (plan, filter) = plan_for_ebpf(kernel, &topo, filters, tool_part)?;
-        render(tool_part, &plan, &filter, s.ebpf_ringbuf(), tool_values)
+        render(tool_part, &plan, &filter, s.ebpf_buffer(), tool_values)
     })?;
     if ebpf {
         return Ok(None);
@@ -419,7 +424,7 @@ pub fn start_tracing(
             targets,
             describe: plan.describe(kernel),
             notes: plan.notes.clone(),
-            ..Program::new(render(tool_part, plan, &filter, kernel.ringbuf, tool_values)?, plan.probes.clone())
+            ..Program::new(render(tool_part, plan, &filter, s.event_buffer(), tool_values)?, plan.probes.clone())
         })
     };
     let first = program(&plan, targets)?;
@@ -599,7 +604,7 @@ mod tests {
                     for ringbuf in [true, false] {
                         for f in &filters {
                             for (part, values) in &tools {
-                                let c = render(part, &plan, f, ringbuf, values).unwrap();
+                                let c = render(part, &plan, f, EventBuffer::new(ringbuf), values).unwrap();
                                 assert!(!c.contains("{{"));
                                 assert!(c.contains(&format!("#define HAVE_SENT {}\n", have_sent as u8)));
                                 assert!(c.contains("#define HAVE_RX 1\n"));

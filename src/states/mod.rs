@@ -7,8 +7,8 @@
 pub mod view;
 
 use crate::bpf::events::Reader;
-use crate::bpf::runner::Probe;
-use crate::bpf::templates::{self, Template, Value};
+use crate::bpf::runner::{EventBuffer, Probe};
+use crate::bpf::templates::{self, Template};
 use crate::cli::json;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
@@ -198,9 +198,8 @@ impl StatesPlan {
         StatesPlan { probes, notes, have_flush: flush.is_some(), have_requeue }
     }
 
-    pub fn render(&self, ringbuf: bool) -> Result<String> {
-        let values: Vec<(&str, Value)> = vec![("USE_RINGBUF", ringbuf.into())];
-        Template::new(PARTS).render(&values)
+    pub fn render(&self, buffer: EventBuffer) -> Result<String> {
+        Template::new(PARTS).render(&buffer.values())
     }
 }
 
@@ -645,7 +644,7 @@ mod tests {
     fn every_plan_renders() {
         for (flush, rq) in [(Some("fail_scsi_task"), true), (None, false)] {
             let p = StatesPlan::with(flush, rq);
-            let c = p.render(true).unwrap();
+            let c = p.render(EventBuffer::new(true)).unwrap();
             assert!(c.contains("#define USE_RINGBUF 1") && !c.contains("{{"));
             assert_eq!(p.notes.len(), (flush.is_none() as usize) + (!rq as usize));
         }

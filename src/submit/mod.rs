@@ -3,6 +3,7 @@
 //! bpf_templates/submitslower.c; the record is [`Submission`].
 
 use crate::bpf::events::Submission;
+use crate::bpf::runner::EventBuffer;
 use crate::bpf::templates::{self, Template, Value};
 use crate::cli::json;
 use crate::cli::output::Unit;
@@ -21,7 +22,7 @@ pub const PARTS: &[&str] = &[templates::COMMON, templates::SUBMITSLOWER];
 #[derive(Debug, Clone, Copy)]
 pub struct SubmitPlan {
     pub layout: BlockLayout,
-    pub ringbuf: bool,
+    pub buffer: EventBuffer,
     /// Submissions of at least this long are sent to user space.
     pub min_us: u64,
     pub pid: Option<u32>,
@@ -33,8 +34,8 @@ pub struct SubmitPlan {
 
 impl SubmitPlan {
     pub fn render(&self) -> Result<String> {
-        let values: Vec<(&str, Value)> = vec![
-            ("USE_RINGBUF", self.ringbuf.into()),
+        let mut values: Vec<(&str, Value)> = self.buffer.values().to_vec();
+        values.extend([
             ("MIN_US", self.min_us.into()),
             ("FILTER_PID", self.pid.is_some().into()),
             ("PID", self.pid.unwrap_or(0).into()),
@@ -42,7 +43,7 @@ impl SubmitPlan {
             ("DEV", self.dev.unwrap_or(0).into()),
             ("FILTER_SET", self.disk_set.into()),
             ("BIO_BDEV", self.layout.bio_bdev.into()),
-        ];
+        ]);
         Template::new(PARTS).render(&values)
     }
 }
@@ -86,7 +87,9 @@ mod tests {
             for bio_bdev in [true, false] {
                 for ringbuf in [true, false] {
                     let layout = BlockLayout { bio_bdev, ..BlockLayout::modern() };
-                    let c = SubmitPlan { layout, ringbuf, min_us: 1000, pid, dev, disk_set }.render().unwrap();
+                    let c = SubmitPlan { layout, buffer: EventBuffer::new(ringbuf), min_us: 1000, pid, dev, disk_set }
+                        .render()
+                        .unwrap();
                     assert!(!c.contains("{{"));
                     assert!(c.contains(&format!("#define BIO_BDEV {}\n", bio_bdev as u8)));
                     assert!(c.contains(&format!("#define FILTER_SET {}\n", disk_set as u8)));
