@@ -28,7 +28,7 @@ use std::time::Duration;
 /// `-b PAGES`, for tools that send an event per command.
 #[derive(Args, Debug, Clone, Default)]
 pub struct BufferFlag {
-    /// Event buffer size in pages, a power of two (default 256: 1 MiB; see EVENTS LOST in the man page)
+    /// Event buffer size in pages, a power of two (default 256: 1 MiB; see EXIT SUMMARY in the man page)
     #[arg(short = 'b', long = "buffer-pages", value_name = "PAGES")]
     pub buffer_pages: Option<u32>,
 }

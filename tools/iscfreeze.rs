@@ -83,14 +83,8 @@ fn run(args: Args) -> Result<()> {
         }
         let (types, layout) = BlockLayout::choose(kernel, freeze::PARTS);
         let layout = layout.unwrap_or_else(|_| BlockLayout::modern());
-        let plan = FreezePlan::choose(kernel, layout).unwrap_or(FreezePlan {
-            probes: vec![],
-            notes: vec![],
-            layout,
-            buffer: s.ebpf_buffer(),
-        });
-        let plan = FreezePlan { buffer: s.ebpf_buffer(), ..plan };
-        Ok(kernel_types::program(types.as_ref().ok(), &plan.render(min_us, !args.all_disks)?))
+        let plan = FreezePlan::choose(kernel, layout).unwrap_or(FreezePlan { probes: vec![], notes: vec![], layout });
+        Ok(kernel_types::program(types.as_ref().ok(), &plan.render(s.ebpf_buffer(), min_us, !args.all_disks)?))
     })?;
     if ebpf {
         return Ok(());
@@ -109,7 +103,7 @@ fn run(args: Args) -> Result<()> {
     };
     let (types, layout) = BlockLayout::choose(&s.kernel, freeze::PARTS);
     let plan = FreezePlan::choose(&s.kernel, layout?)?;
-    let text = kernel_types::program(types.as_ref().ok(), &plan.render(min_us, wanted.is_some())?);
+    let text = kernel_types::program(types.as_ref().ok(), &plan.render(s.event_buffer(), min_us, wanted.is_some())?);
     let program = Program {
         describe: vec![format!("{}, {}", plan.describe(&s.kernel), kernel_types::describe(&types))],
         notes: plan.notes.clone(),

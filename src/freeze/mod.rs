@@ -44,7 +44,6 @@ pub struct FreezePlan {
     pub probes: Vec<Probe>,
     pub notes: Vec<String>,
     pub layout: BlockLayout,
-    pub buffer: EventBuffer,
 }
 
 impl FreezePlan {
@@ -91,13 +90,14 @@ impl FreezePlan {
         if !layout.queue_disk {
             notes.push("struct request_queue has no disk pointer (before 5.15): disks are named from the queue's bdi, filtered in user space".into());
         }
-        Ok(FreezePlan { probes, notes, layout, buffer: EventBuffer::new(kernel.ringbuf) })
+        Ok(FreezePlan { probes, notes, layout })
     }
 
-    /// The program; `filter_set`: only the disks put in the `disks` map
-    /// (filtered in user space where the queue has no disk pointer).
-    pub fn render(&self, min_us: u64, filter_set: bool) -> Result<String> {
-        let mut values: Vec<(&str, Value)> = self.buffer.values().to_vec();
+    /// The program, sending through `buffer`; `filter_set`: only the disks
+    /// put in the `disks` map (filtered in user space where the queue has no
+    /// disk pointer).
+    pub fn render(&self, buffer: EventBuffer, min_us: u64, filter_set: bool) -> Result<String> {
+        let mut values: Vec<(&str, Value)> = buffer.values().to_vec();
         values.extend([
             ("MIN_US", min_us.into()),
             ("FILTER_SET", (filter_set && self.layout.queue_disk).into()),
@@ -375,9 +375,8 @@ mod tests {
                             probes: vec![],
                             notes: vec![],
                             layout: BlockLayout { bio_bdev: true, queue_disk, quiesce_depth },
-                            buffer: EventBuffer { ring: ringbuf, pages: 8 },
                         };
-                        let c = p.render(5, filter).unwrap();
+                        let c = p.render(EventBuffer { ring: ringbuf, pages: 8 }, 5, filter).unwrap();
                         assert!(c.contains(&format!("#define FILTER_SET {}\n", (filter && queue_disk) as u8)));
                         assert!(c.contains(&format!("#define QUEUE_DISK {}\n", queue_disk as u8)) && !c.contains("{{"));
                         assert!(c.contains(&format!("#define USE_RINGBUF {}\n", ringbuf as u8)));
