@@ -6,8 +6,9 @@
  *   t_prep   entry of iscsi_prep_scsi_cmd_pdu  the xmit worker takes it, CmdSN given
  *   t_sent   return of iscsi_tcp_task_xmit==0  command PDU (+immediate and
  *                                              unsolicited data) handed to TCP
- *   t_rx     return of iscsi_itt_to_ctask        the first PDU back for the task
- *                                              (Data-In, R2T or SCSI Response)
+ *   t_rx     entry of iscsi_tcp_hdr_recv_done  the first PDU back for the task
+ *            (RX_HDR; else return of           (Data-In, R2T or SCSI Response),
+ *            iscsi_itt_to_ctask)               its header received
  *   t_dout   return of iscsi_tcp_task_xmit==0  the last Data-Out handed to TCP
  *            after an R2T
  *   t_done   entry of iscsi_complete_task(COMPLETED) the response completes it
@@ -46,10 +47,10 @@
  * @struct iscsi_task sc conn state hdr
  * @struct iscsi_conn cls_conn session dd_data
  * @struct iscsi_cls_conn cid
- * @struct iscsi_session cls_session
+ * @struct iscsi_session cls_session age cmds_max cmds
  * @struct iscsi_cls_session sid transport
  * @struct iscsi_transport name
- * @struct iscsi_tcp_conn dd_data in.hdr
+ * @struct iscsi_tcp_conn iscsi_conn dd_data in.hdr in.hdr_buf
  * @struct socket sk
  * @struct tcp_sock total_retrans rtt_min rx_opt.rcv_tsval
  * @enum DMA_FROM_DEVICE DMA_TO_DEVICE ISCSI_TASK_COMPLETED ISCSI_TASK_PENDING
@@ -97,6 +98,10 @@
 #define FILTER_DIR {{FILTER_DIR}}
 #define HAVE_SENT {{HAVE_SENT}}
 #define HAVE_RX {{HAVE_RX}}
+/* The first PDU back seen at iscsi_tcp_hdr_recv_done's entry: once per
+ * PDU header (a 4 KiB read's one Data-In carries its status: one run),
+ * where iscsi_itt_to_ctask's return runs twice for that Data-In. */
+#define RX_HDR {{RX_HDR}}
 /* iscsi_requeue_task traced: it runs for each R2T (libiscsi_tcp's
  * iscsi_tcp_r2t_rsp), so a command whose first PDU back was an R2T is one
  * with r2t > 0 (a write's PDUs back are R2Ts, then its response; a read's
@@ -124,6 +129,9 @@
 /* A NOP-Out whose ITT is not this one asks for a NOP-In back. */
 #define ISCSI_OP_NOOP_OUT 0x00
 #define ISCSI_ITT_RESERVED 0xffffffff
+/* An ITT's index into its session's task table (libiscsi.h ISCSI_ITT_MASK;
+ * the session's age is in bits 28-31). */
+#define ISCSI_ITT_INDEX_MASK 0x1fff
 /* SCSI commands the target answers from memory, without its storage (SPC,
  * SBC): TEST UNIT READY, INQUIRY, MODE SENSE(6), READ CAPACITY(10), MODE
  * SENSE(10), REPORT LUNS. Their exchange is a clean round trip. */
@@ -827,36 +835,16 @@ static __always_inline int stage_xmit_done(u64 key, int ret)
     return 0;
 }
 
-/* The first PDU back for a task: its time, kind, and the connection's
- * floor RTT at that moment. Later PDUs of the same task are ignored. */
-static __always_inline int stage_rx(struct iscsi_task *task)
+/* The first PDU back for a command (key): its time, its opcode (0 where
+ * not read), and the connection's floor RTT at that moment. Later PDUs of
+ * the same command are ignored. */
+static __always_inline int stage_rx_first(u64 key, u8 op)
 {
-    /* A return value: bcc does not turn its member reads into probe reads
-     * in a kretprobe, so they are explicit. */
-    u64 key = 0;
-    if (!task)
-        return 0;
-    bpf_probe_read_kernel(&key, sizeof(key), &task->sc);
-    if (!key)
-        return 0;      /* NOP-In, TMF, login */
     struct inflight *f = inflight.lookup(&key);
     if (!f || f->ts_prep == 0 || f->ts_rx || f->sk == 0)
         return 0;
     f->ts_rx = bpf_ktime_get_ns();
-#if !HAVE_R2T
-    struct iscsi_conn *conn = NULL;
-    struct iscsi_tcp_conn *tc = NULL;
-    void *hdr = NULL;
-    u8 op = 0;
-    bpf_probe_read_kernel(&conn, sizeof(conn), &task->conn);
-    if (conn)
-        bpf_probe_read_kernel(&tc, sizeof(tc), &conn->dd_data);
-    if (tc)
-        bpf_probe_read_kernel(&hdr, sizeof(hdr), &tc->in.hdr);
-    if (hdr)
-        bpf_probe_read_kernel(&op, sizeof(op), hdr);   /* iscsi_hdr.opcode */
-    f->rx_op = op & 0x3f;
-#endif
+    f->rx_op = op;
     /* The exchange: from the send (PDU preparation without HAVE_SENT). */
     u64 sent = HAVE_SENT ? f->ts_sent : f->ts_prep;
     u32 first_us = 0;
@@ -870,6 +858,99 @@ static __always_inline int stage_rx(struct iscsi_task *task)
     if (NO_MEDIA_OP(f->opcode))
         stage_clean_round_trip(f);
     return 0;
+}
+
+#if RX_HDR
+/* A session's age, the size of its task table and the table, read at once
+ * where they lie within 32 bytes from age on (every kernel from 5.10 to
+ * 7.3), one member at a time elsewhere. */
+#define SESSION_AT(m) (__builtin_offsetof(struct iscsi_session, m) - \
+                       __builtin_offsetof(struct iscsi_session, age))
+#define SESSION_TT_SPAN (__builtin_offsetof(struct iscsi_session, age) < \
+                         __builtin_offsetof(struct iscsi_session, cmds_max) && \
+                         __builtin_offsetof(struct iscsi_session, cmds_max) < \
+                         __builtin_offsetof(struct iscsi_session, cmds) ? \
+                         SESSION_AT(cmds) + sizeof(void *) : 1000)
+
+/* A PDU's header, received whole (tc->in.hdr_buf), before libiscsi_tcp
+ * dissects it: the command it is for is found from its ITT as
+ * iscsi_verify_itt and iscsi_itt_to_task find it (the session's age in
+ * the top bits, the index into the session's task table in the low ones;
+ * iscsi_tcp builds ITTs so, in host byte order). Only a Data-In, an R2T or
+ * a SCSI Response is for a command; any other PDU returns at its opcode. */
+static __always_inline int stage_rx_hdr(struct iscsi_tcp_conn *tc)
+{
+    u8 bhs[20] = {};
+    bpf_probe_read_kernel(bhs, sizeof(bhs), &tc->in.hdr_buf);
+    u8 op = bhs[0] & 0x3f;
+    if (op != ISCSI_OP_DATA_IN && op != ISCSI_OP_R2T && op != ISCSI_OP_SCSI_RSP)
+        return 0;
+    u32 itt;
+    __builtin_memcpy(&itt, &bhs[16], sizeof(itt));   /* as the kernel stored it */
+    if (itt == ISCSI_ITT_RESERVED)
+        return 0;
+    struct iscsi_conn *conn = NULL;
+    struct iscsi_session *session = NULL;
+    bpf_probe_read_kernel(&conn, sizeof(conn), &tc->iscsi_conn);
+    if (!conn)
+        return 0;
+    bpf_probe_read_kernel(&session, sizeof(session), &conn->session);
+    if (!session)
+        return 0;
+    int age = 0, cmds_max = 0;
+    void *cmds = NULL;
+    if (SESSION_TT_SPAN <= sizeof(u64) * 4) {
+        /* the three members in one read: they lie together */
+        u64 tt[4] = {};
+        bpf_probe_read_kernel(tt, SESSION_TT_SPAN, &session->age);
+        __builtin_memcpy(&age, (u8 *)tt + SESSION_AT(age), sizeof(age));
+        __builtin_memcpy(&cmds_max, (u8 *)tt + SESSION_AT(cmds_max), sizeof(cmds_max));
+        __builtin_memcpy(&cmds, (u8 *)tt + SESSION_AT(cmds), sizeof(cmds));
+    } else {
+        bpf_probe_read_kernel(&age, sizeof(age), &session->age);
+        bpf_probe_read_kernel(&cmds_max, sizeof(cmds_max), &session->cmds_max);
+        bpf_probe_read_kernel(&cmds, sizeof(cmds), &session->cmds);
+    }
+    u32 i = itt & ISCSI_ITT_INDEX_MASK;
+    if ((itt >> 28) != (u32)age || i >= (u32)cmds_max || !cmds)
+        return 0;
+    struct iscsi_task *task = NULL;
+    bpf_probe_read_kernel(&task, sizeof(task), (struct iscsi_task **)cmds + i);
+    u64 key = 0;
+    if (task)
+        bpf_probe_read_kernel(&key, sizeof(key), &task->sc);
+    if (!key)
+        return 0;
+    return stage_rx_first(key, op);
+}
+#endif
+
+/* The task iscsi_itt_to_ctask returned (without RX_HDR). */
+static __always_inline int stage_rx(struct iscsi_task *task)
+{
+    /* A return value: bcc does not turn its member reads into probe reads
+     * in a kretprobe, so they are explicit. */
+    u64 key = 0;
+    if (!task)
+        return 0;
+    bpf_probe_read_kernel(&key, sizeof(key), &task->sc);
+    if (!key)
+        return 0;      /* NOP-In, TMF, login */
+    u8 op = 0;
+#if !HAVE_R2T
+    struct iscsi_conn *conn = NULL;
+    struct iscsi_tcp_conn *tc = NULL;
+    void *hdr = NULL;
+    bpf_probe_read_kernel(&conn, sizeof(conn), &task->conn);
+    if (conn)
+        bpf_probe_read_kernel(&tc, sizeof(tc), &conn->dd_data);
+    if (tc)
+        bpf_probe_read_kernel(&hdr, sizeof(hdr), &tc->in.hdr);
+    if (hdr)
+        bpf_probe_read_kernel(&op, sizeof(op), hdr);   /* iscsi_hdr.opcode */
+    op &= 0x3f;
+#endif
+    return stage_rx_first(key, op);
 }
 
 static __always_inline int stage_r2t(struct iscsi_task *task)
@@ -1001,6 +1082,14 @@ int fexit_rx(u64 *ctx)
     return stage_rx((struct iscsi_task *)ctx[2]);
 }
 
+#if RX_HDR
+/* iscsi_tcp_hdr_recv_done(tcp_conn, segment) */
+int fentry_rx_hdr(u64 *ctx)
+{
+    return stage_rx_hdr((struct iscsi_tcp_conn *)ctx[0]);
+}
+#endif
+
 int fentry_complete(u64 *ctx)
 {
     return stage_complete(ctx, (struct iscsi_task *)ctx[0], (int)ctx[1]);
@@ -1069,6 +1158,13 @@ int stages_rx_ret(struct pt_regs *ctx)
 {
     return stage_rx((struct iscsi_task *)PT_REGS_RC(ctx));
 }
+
+#if RX_HDR
+int stages_rx_hdr(struct pt_regs *ctx, struct iscsi_tcp_conn *tc)
+{
+    return stage_rx_hdr(tc);
+}
+#endif
 
 int stages_complete(struct pt_regs *ctx, struct iscsi_task *task, int state)
 {

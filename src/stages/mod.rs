@@ -28,7 +28,12 @@ pub const PREP: &str = "iscsi_prep_scsi_cmd_pdu";
 pub const TCP_XMIT: &str = "iscsi_tcp_task_xmit";
 pub const COMPLETE: &str = "iscsi_complete_task";
 pub const R2T: &str = "iscsi_requeue_task";
-/// Returns the task each PDU from the target is for: the first PDU back.
+/// Runs once for each PDU header from the target, before it is dissected:
+/// the first PDU back, its task found from the header's ITT.
+pub const RX_HDR: &str = "iscsi_tcp_hdr_recv_done";
+/// Returns the task of each Data-In, R2T and SCSI Response (a 4 KiB read's
+/// one Data-In twice: at its header and again at its status): the first
+/// PDU back where RX_HDR cannot be traced.
 pub const RX: &str = "iscsi_itt_to_ctask";
 
 /// What the running kernel lets us measure.
@@ -43,6 +48,9 @@ pub struct StagePlan {
     /// The first PDU back for a task is seen: RESP splits into NET and
     /// TARGET (else both show `-`).
     pub have_rx: bool,
+    /// The first PDU back is seen at its header (RX_HDR, once per PDU),
+    /// else at the task lookup (RX).
+    pub rx_at_header: bool,
     pub scsi: ScsiLayout,
     /// The kernel types written from BTF; None: the headers are compiled.
     pub types: Option<KernelTypes>,
@@ -61,7 +69,7 @@ pub struct StagePlan {
 }
 
 /// The kprobe plan: every stage function, and its handler.
-fn kprobes(have_sent: bool, have_r2t: bool, have_rx: bool) -> Vec<Probe> {
+fn kprobes(have_sent: bool, have_r2t: bool, have_rx: bool, rx_at_header: bool) -> Vec<Probe> {
     let mut probes = vec![
         Probe::entry(QUEUECOMMAND, "stages_queuecommand"),
         Probe::entry(PREP, "stages_prep"),
@@ -74,7 +82,9 @@ fn kprobes(have_sent: bool, have_r2t: bool, have_rx: bool) -> Vec<Probe> {
     if have_r2t {
         probes.push(Probe::entry(R2T, "stages_r2t"));
     }
-    if have_rx {
+    if rx_at_header {
+        probes.push(Probe::entry(RX_HDR, "stages_rx_hdr"));
+    } else if have_rx {
         probes.push(Probe::ret(RX, "stages_rx_ret"));
     }
     probes
@@ -99,15 +109,17 @@ impl StagePlan {
         if !have_r2t {
             notes.push(format!("{R2T} is not traceable: R2T counts show '-'"));
         }
-        let have_rx = kernel.can_probe(RX);
+        let rx_at_header = kernel.can_probe(RX_HDR);
+        let have_rx = rx_at_header || kernel.can_probe(RX);
         if !have_rx {
-            notes.push(format!("{RX} is not traceable: NET and TARGET show '-'"));
+            notes.push(format!("neither {RX_HDR} nor {RX} is traceable: NET and TARGET show '-'"));
         }
         Ok(StagePlan {
-            probes: kprobes(have_sent, have_r2t, have_rx),
+            probes: kprobes(have_sent, have_r2t, have_rx, rx_at_header),
             have_sent,
             have_r2t,
             have_rx,
+            rx_at_header,
             scsi,
             types: None,
             fentry: false,
@@ -122,10 +134,11 @@ impl StagePlan {
     /// the running kernel cannot be read).
     pub fn assume_all(scsi: ScsiLayout) -> StagePlan {
         StagePlan {
-            probes: kprobes(true, true, true),
+            probes: kprobes(true, true, true, true),
             have_sent: true,
             have_r2t: true,
             have_rx: true,
+            rx_at_header: true,
             scsi,
             types: None,
             fentry: false,
@@ -140,6 +153,7 @@ impl StagePlan {
         let mut v = vec![
             ("HAVE_SENT", self.have_sent.into()),
             ("HAVE_RX", self.have_rx.into()),
+            ("RX_HDR", self.rx_at_header.into()),
             ("HAVE_R2T", self.have_r2t.into()),
             ("CDB_POINTER", self.scsi.cdb_pointer.into()),
             ("FENTRY", self.fentry.into()),
@@ -164,6 +178,7 @@ impl StagePlan {
                     "stages_xmit_ret" => (ProbeKind::Fexit, "fexit_xmit"),
                     "stages_r2t" => (ProbeKind::Fentry, "fentry_r2t"),
                     "stages_rx_ret" => (ProbeKind::Fexit, "fexit_rx"),
+                    "stages_rx_hdr" => (ProbeKind::Fentry, "fentry_rx_hdr"),
                     "stages_complete" => (ProbeKind::Fentry, "fentry_complete"),
                     _ => return None,
                 };
@@ -479,7 +494,7 @@ mod tests {
     use crate::kernel::Paths;
     use std::fs;
 
-    const ALL: &str = "iscsi_queuecommand [libiscsi]\niscsi_prep_scsi_cmd_pdu [libiscsi]\niscsi_complete_task [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\niscsi_requeue_task [libiscsi]\niscsi_itt_to_ctask [libiscsi]\n";
+    const ALL: &str = "iscsi_queuecommand [libiscsi]\niscsi_prep_scsi_cmd_pdu [libiscsi]\niscsi_complete_task [libiscsi]\niscsi_tcp_task_xmit [libiscsi_tcp]\niscsi_requeue_task [libiscsi]\niscsi_itt_to_ctask [libiscsi]\niscsi_tcp_hdr_recv_done [libiscsi_tcp]\n";
     const OLD: ScsiLayout = ScsiLayout { cdb_pointer: true };
 
     fn kernel_with(dir: &tempfile::TempDir, functions: &str) -> Kernel {
@@ -527,10 +542,42 @@ mod tests {
                 "fentry:libiscsi:iscsi_complete_task -> fentry_complete",
                 "fexit:libiscsi_tcp:iscsi_tcp_task_xmit -> fexit_xmit",
                 "fentry:libiscsi:iscsi_requeue_task -> fentry_r2t",
-                "fexit:libiscsi:iscsi_itt_to_ctask -> fexit_rx",
+                "fentry:libiscsi_tcp:iscsi_tcp_hdr_recv_done -> fentry_rx_hdr",
             ]
         );
         assert!(!p.fentry && p.values().contains(&("FENTRY", Value::Bool(false))));
+    }
+
+    /// Without iscsi_tcp_hdr_recv_done the first PDU back is taken at the
+    /// task lookup's return, and the program says which.
+    #[test]
+    fn first_pdu_back_falls_back_to_the_task_lookup() {
+        let t = tempfile::tempdir().unwrap();
+        let k = kernel_with(&t, &ALL.replace("iscsi_tcp_hdr_recv_done [libiscsi_tcp]\n", ""));
+        let p = StagePlan::choose(&k, ScsiLayout::modern()).unwrap();
+        assert!(p.have_rx && !p.rx_at_header && p.notes.is_empty());
+        assert!(p.values().contains(&("RX_HDR", Value::Bool(false))));
+        let last = |p: &StagePlan| p.probes.last().map(|p| p.describe()).unwrap();
+        assert_eq!(last(&p), "kretprobe:iscsi_itt_to_ctask -> stages_rx_ret");
+        assert_eq!(last(&p.with_fentry(&k)), "fexit:libiscsi:iscsi_itt_to_ctask -> fexit_rx");
+        let c = render(
+            templates::ISCSTAT,
+            &p,
+            &KernelFilter::default(),
+            EventBuffer::new(true),
+            &[
+                ("PER_LUN", false.into()),
+                ("PER_DIR", false.into()),
+                ("PROM", false.into()),
+                ("FINE_HIST", false.into()),
+                ("WHO", false.into()),
+            ],
+        )
+        .unwrap();
+        assert!(c.contains("#define RX_HDR 0\n") && c.contains("int stages_rx_ret("));
+        let full = StagePlan::choose(&kernel_with(&tempfile::tempdir().unwrap(), ALL), ScsiLayout::modern()).unwrap();
+        assert!(full.rx_at_header);
+        assert_eq!(last(&full), "kprobe:iscsi_tcp_hdr_recv_done -> stages_rx_hdr");
     }
 
     #[test]
