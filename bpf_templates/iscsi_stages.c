@@ -835,14 +835,20 @@ static __always_inline int stage_xmit_done(u64 key, int ret)
     return 0;
 }
 
-/* The first PDU back for a command (key): its time, its opcode (0 where
- * not read), and the connection's floor RTT at that moment. Later PDUs of
- * the same command are ignored. */
-static __always_inline int stage_rx_first(u64 key, u8 op)
+/* The command (key) when no PDU has come back for it yet, else NULL:
+ * later PDUs of the same command are ignored. */
+static __always_inline struct inflight *stage_rx_pending(u64 key)
 {
     struct inflight *f = inflight.lookup(&key);
     if (!f || f->ts_prep == 0 || f->ts_rx || f->sk == 0)
-        return 0;
+        return NULL;
+    return f;
+}
+
+/* The first PDU back for a command: its time, its opcode (0 where not
+ * read), and the connection's floor RTT at that moment. */
+static __always_inline int stage_rx_first(struct inflight *f, u8 op)
+{
     f->ts_rx = bpf_ktime_get_ns();
     f->rx_op = op;
     /* The exchange: from the send (PDU preparation without HAVE_SENT). */
@@ -921,11 +927,15 @@ static __always_inline int stage_rx_hdr(struct iscsi_tcp_conn *tc)
         bpf_probe_read_kernel(&key, sizeof(key), &task->sc);
     if (!key)
         return 0;
-    return stage_rx_first(key, op);
+    struct inflight *f = stage_rx_pending(key);
+    if (!f)
+        return 0;
+    return stage_rx_first(f, op);
 }
 #endif
 
-/* The task iscsi_itt_to_ctask returned (without RX_HDR). */
+#if !RX_HDR
+/* The task iscsi_itt_to_ctask returned (where RX_HDR cannot be traced). */
 static __always_inline int stage_rx(struct iscsi_task *task)
 {
     /* A return value: bcc does not turn its member reads into probe reads
@@ -936,6 +946,9 @@ static __always_inline int stage_rx(struct iscsi_task *task)
     bpf_probe_read_kernel(&key, sizeof(key), &task->sc);
     if (!key)
         return 0;      /* NOP-In, TMF, login */
+    struct inflight *f = stage_rx_pending(key);
+    if (!f)
+        return 0;
     u8 op = 0;
 #if !HAVE_R2T
     struct iscsi_conn *conn = NULL;
@@ -950,8 +963,9 @@ static __always_inline int stage_rx(struct iscsi_task *task)
         bpf_probe_read_kernel(&op, sizeof(op), hdr);   /* iscsi_hdr.opcode */
     op &= 0x3f;
 #endif
-    return stage_rx_first(key, op);
+    return stage_rx_first(f, op);
 }
+#endif
 
 static __always_inline int stage_r2t(struct iscsi_task *task)
 {
@@ -1076,17 +1090,17 @@ int fentry_r2t(u64 *ctx)
     return stage_r2t((struct iscsi_task *)ctx[0]);
 }
 
-/* iscsi_itt_to_ctask(conn, itt): ctx[2] is the task it returns. */
-int fexit_rx(u64 *ctx)
-{
-    return stage_rx((struct iscsi_task *)ctx[2]);
-}
-
 #if RX_HDR
 /* iscsi_tcp_hdr_recv_done(tcp_conn, segment) */
 int fentry_rx_hdr(u64 *ctx)
 {
     return stage_rx_hdr((struct iscsi_tcp_conn *)ctx[0]);
+}
+#else
+/* iscsi_itt_to_ctask(conn, itt): ctx[2] is the task it returns. */
+int fexit_rx(u64 *ctx)
+{
+    return stage_rx((struct iscsi_task *)ctx[2]);
 }
 #endif
 
@@ -1154,15 +1168,15 @@ int stages_r2t(struct pt_regs *ctx, struct iscsi_task *task)
     return stage_r2t(task);
 }
 
-int stages_rx_ret(struct pt_regs *ctx)
-{
-    return stage_rx((struct iscsi_task *)PT_REGS_RC(ctx));
-}
-
 #if RX_HDR
 int stages_rx_hdr(struct pt_regs *ctx, struct iscsi_tcp_conn *tc)
 {
     return stage_rx_hdr(tc);
+}
+#else
+int stages_rx_ret(struct pt_regs *ctx)
+{
+    return stage_rx((struct iscsi_task *)PT_REGS_RC(ctx));
 }
 #endif
 

@@ -38,6 +38,8 @@ pub struct Kernel {
     /// Compiler flags the kernel itself was built with that its headers
     /// need (7.x headers use anonymous struct members: -fms-extensions).
     pub cflags: Vec<String>,
+    /// Functions taken as not traceable although they are (Paths).
+    untraceable: Vec<String>,
 }
 
 /// Where to look; `Paths::system()` for the running kernel, a fixture in tests.
@@ -52,6 +54,9 @@ pub struct Paths {
     pub release: String,
     /// BCC_KERNEL_SOURCE, honoured as BCC itself does.
     pub headers_override: Option<PathBuf>,
+    /// STORPROTOTRACE_UNTRACEABLE (comma-separated function names): taken
+    /// as not traceable, to run a tool as on a kernel that lacks them.
+    pub untraceable: Vec<String>,
 }
 
 impl Paths {
@@ -65,6 +70,9 @@ impl Paths {
             kheaders: "/sys/kernel/kheaders.tar.xz".into(),
             release: uname_release(),
             headers_override: std::env::var_os("BCC_KERNEL_SOURCE").map(PathBuf::from),
+            untraceable: std::env::var("STORPROTOTRACE_UNTRACEABLE")
+                .map(|v| v.split(',').map(str::trim).filter(|f| !f.is_empty()).map(str::to_string).collect())
+                .unwrap_or_default(),
         }
     }
 }
@@ -115,11 +123,12 @@ impl Kernel {
             headers,
             headers_wanted,
             kheaders: p.kheaders.exists() && p.headers_override.is_none(),
+            untraceable: p.untraceable.clone(),
         }
     }
 
     pub fn can_probe(&self, function: &str) -> bool {
-        self.functions.get(function).is_some()
+        self.functions.get(function).is_some() && !self.untraceable.iter().any(|f| f == function)
     }
 
     /// The module a traceable function is in; None for vmlinux or unknown.
@@ -277,6 +286,7 @@ mod tests {
             kheaders: dir.join("kheaders.tar.xz"),
             release: "6.1.0-57-amd64".into(),
             headers_override: None,
+            untraceable: Vec::new(),
         }
     }
 
@@ -325,6 +335,9 @@ mod tests {
         assert!(k.has_tracepoint("scsi", "scsi_dispatch_cmd_start"));
         assert!(!k.has_tracepoint("scsi", "scsi_dispatch_cmd_done"));
         assert!(!k.btf);
+        let k = Kernel::from_paths(&Paths { untraceable: vec!["iscsi_tcp_task_xmit".into()], ..p });
+        assert!(!k.can_probe("iscsi_tcp_task_xmit"), "taken as not traceable");
+        assert!(k.can_probe("iscsi_queuecommand"));
     }
 
     #[test]

@@ -510,6 +510,7 @@ mod tests {
             kheaders: d.join("kh"),
             release: "x".into(),
             headers_override: None,
+            untraceable: Vec::new(),
         })
     }
 
