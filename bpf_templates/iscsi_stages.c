@@ -177,13 +177,26 @@ struct stage_times {
     u32 split;     /* NET and TARGET known: NET_FROM_*, else 0 */
 };
 
-BPF_HASH(inflight, u64, struct inflight, 16384);
+/* One entry per command slot (a SCSI host's struct scsi_cmnd, one per
+ * request tag: can_queue of them per iSCSI session) that has carried a
+ * traced command. An entry stays when its command ends (ts_queue 0) and the
+ * next command in the slot reuses it in place: a lookup and stores per
+ * command, where an insert and a delete would each take the map's locks.
+ * Slots of sessions gone are the least recently used and give way first. */
+BPF_TABLE("lru_hash", u64, struct inflight, inflight, 16384);
 #if !FENTRY
 BPF_HASH(xmit_arg, u64, u64, 4096);
 #endif
 /* Sets filled from user space: SCSI hosts (sessions), and host<<32|lun. */
 BPF_HASH(host_filter, u32, u8, 1024);
 BPF_HASH(dev_filter, u64, u8, 1024);
+
+/* The command in flight in slot key, else NULL. */
+static __always_inline struct inflight *inflight_live(u64 key)
+{
+    struct inflight *f = inflight.lookup(&key);
+    return f && f->ts_queue ? f : NULL;
+}
 
 /* Defined by the tool's template: what to do with a timed command. */
 static __always_inline void on_command_done(void *ctx,
@@ -235,22 +248,23 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
     bpf_get_current_comm(&f.comm, sizeof(f.comm));
 #endif
     f.ts_queue = bpf_ktime_get_ns();
-    if (inflight.insert(&key, &f) != 0) {
-        /* This command's memory is in the map already. Not prepared: its
-         * last dispatch never got a task (iscsi_queuecommand refused it as
-         * busy, or failed it at once, e.g. while the session was down) and
-         * the midlayer dispatches it again: no program runs on the return
-         * of iscsi_queuecommand, so that dispatch is seen ending here.
-         * Prepared: the end of the command that used this memory before was
-         * never seen (the kernel skipped a program). Counted, then replaced. */
-        struct inflight *old = inflight.lookup(&key);
-        int unsent = old && old->ts_prep == 0;
-        if (inflight.update(&key, &f) != 0) {
+    struct inflight *old = inflight.lookup(&key);
+    if (!old) {
+        if (inflight.insert(&key, &f) != 0)
             count(CTR_INFLIGHT_FULL);
-            return 0;
-        }
-        count(unsent ? CTR_DISPATCH_BUSY : CTR_END_NOT_SEEN);
+        return 0;
     }
+    if (old->ts_queue) {
+        /* A command in flight in this slot already. Not prepared: its last
+         * dispatch never got a task (iscsi_queuecommand refused it as busy,
+         * or failed it at once, e.g. while the session was down) and the
+         * midlayer dispatches it again: no program runs on the return of
+         * iscsi_queuecommand, so that dispatch is seen ending here.
+         * Prepared: the end of the command before was never seen (the
+         * kernel skipped a program). Counted, then replaced. */
+        count(old->ts_prep == 0 ? CTR_DISPATCH_BUSY : CTR_END_NOT_SEEN);
+    }
+    *old = f;
     return 0;
 }
 
@@ -804,12 +818,12 @@ static __always_inline int stage_prep(struct iscsi_task *task)
     u64 key = (u64)task->sc;
     if (!key)
         return 0;
-    struct inflight *f = inflight.lookup(&key);
+    struct inflight *f = inflight_live(key);
     if (!f)
         return 0;
     u32 cid = task->conn->cls_conn->cid;
     if (FILTER_CID && cid != FILTER_CID_VALUE) {
-        inflight.delete(&key);
+        f->ts_queue = 0;
         return 0;
     }
     f->cid = cid;
@@ -825,7 +839,7 @@ static __always_inline int stage_xmit_done(u64 key, int ret)
 {
     if (ret != 0)
         return 0;      /* not all sent yet (e.g. socket full): retried later */
-    struct inflight *f = inflight.lookup(&key);
+    struct inflight *f = inflight_live(key);
     if (!f || f->ts_prep == 0)
         return 0;
     if (f->ts_sent == 0)
@@ -839,7 +853,7 @@ static __always_inline int stage_xmit_done(u64 key, int ret)
  * later PDUs of the same command are ignored. */
 static __always_inline struct inflight *stage_rx_pending(u64 key)
 {
-    struct inflight *f = inflight.lookup(&key);
+    struct inflight *f = inflight_live(key);
     if (!f || f->ts_prep == 0 || f->ts_rx || f->sk == 0)
         return NULL;
     return f;
@@ -972,7 +986,7 @@ static __always_inline int stage_r2t(struct iscsi_task *task)
     u64 key = (u64)task->sc;
     if (!key)
         return 0;
-    struct inflight *f = inflight.lookup(&key);
+    struct inflight *f = inflight_live(key);
     if (!f)
         return 0;
     /* The R2Ts of one task come one at a time, in its connection's
@@ -990,7 +1004,7 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
         stage_ping_answered((u64)task, state);
         return 0;
     }
-    struct inflight *f = inflight.lookup(&key);
+    struct inflight *f = inflight_live(key);
     if (!f)
         return 0;
     u64 now = bpf_ktime_get_ns();
@@ -998,7 +1012,7 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
     if (state != ISCSI_TASK_COMPLETED || f->ts_prep == 0 ||
         task_state == ISCSI_TASK_PENDING) {
         /* aborted, failed by session recovery, or never sent */
-        inflight.delete(&key);
+        f->ts_queue = 0;
         count(CTR_ENDED_NO_RESPONSE);
         return 0;
     }
@@ -1058,7 +1072,7 @@ static __always_inline int stage_complete(void *ctx, struct iscsi_task *task, in
 #endif
     struct scsi_cmnd *sc = task->sc;
     on_command_done(ctx, f, &t, sc->result);
-    inflight.delete(&key);
+    f->ts_queue = 0;
     return 0;
 }
 
@@ -1129,7 +1143,7 @@ int stages_xmit(struct pt_regs *ctx, struct iscsi_task *task)
     u64 id = bpf_get_current_pid_tgid();
     u64 key = (u64)task->sc;
     if (key) {
-        if (inflight.lookup(&key))
+        if (inflight_live(key))
             xmit_arg.update(&id, &key);
         return 0;
     }

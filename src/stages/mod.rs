@@ -347,7 +347,12 @@ impl Tracing {
             c(Counter::NotSplit),
             c(Counter::NetUnknown),
         );
-        let in_flight = maps::count_entries(&mut self.bpf.table("inflight")?, 1 << 16);
+        // An entry whose command ended keeps its slot with ts_queue (its
+        // first u64) 0.
+        let in_flight = maps::entries(&mut self.bpf.table("inflight")?, 1 << 16)
+            .iter()
+            .filter(|(_, v)| maps::first_u64(v) != 0)
+            .count();
         let skipped = self.links.missed();
         let mut line = format!("{lost} events lost, {ended} ended without a response, {in_flight} still in flight");
         if self.plan.have_rx {
