@@ -35,7 +35,7 @@ BPF_PERF_OUTPUT(events);
 #define CTR_LOST 0               /* an event or row that did not fit */
 #define CTR_ENDED_NO_RESPONSE 1  /* command aborted, failed by recovery, never sent */
 #define CTR_DISPATCH_BUSY 2      /* dispatched again after a dispatch that got no task */
-#define CTR_INFLIGHT_FULL 3      /* in-flight map full: command not timed */
+#define CTR_INFLIGHT_FULL 3      /* in-flight map refused a slot: not timed */
 #define CTR_END_NOT_SEEN 4       /* command memory reused while still in our map */
 #define CTR_FREEZE_UNFILTERED 5  /* iscfreeze: freezes of disks not traced */
 #define CTR_SUBMIT_TIMED 6       /* submitslower: submissions timed */

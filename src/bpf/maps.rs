@@ -17,7 +17,8 @@ pub enum Counter {
     /// A command dispatched again after a dispatch that got no task
     /// (iscsi_queuecommand refused it as busy, or failed it at once).
     DispatchBusy = 2,
-    /// The in-flight map was full: command not timed.
+    /// The in-flight map could not take the command (its insert failed):
+    /// command not timed.
     InflightFull = 3,
     /// A command's memory reused while our map still held it: the kernel
     /// skipped the program that would have seen its end.
