@@ -327,6 +327,13 @@ pub struct Tracing {
     pub links: Links,
 }
 
+/// An `inflight` map value whose slot holds a command: a slot whose command
+/// ended keeps its entry with ts_queue, the struct's first u64, zeroed
+/// (iscsi_stages.c, `inflight_live`).
+fn inflight_live(value: &[u8]) -> bool {
+    crate::bpf::maps::first_u64(value) != 0
+}
+
 impl Tracing {
     /// One of the program's counters.
     pub fn counter(&self, c: crate::bpf::maps::Counter) -> Result<u64> {
@@ -347,12 +354,8 @@ impl Tracing {
             c(Counter::NotSplit),
             c(Counter::NetUnknown),
         );
-        // An entry whose command ended keeps its slot with ts_queue (its
-        // first u64) 0.
-        let in_flight = maps::entries(&mut self.bpf.table("inflight")?, 1 << 16)
-            .iter()
-            .filter(|(_, v)| maps::first_u64(v) != 0)
-            .count();
+        let in_flight =
+            maps::entries(&mut self.bpf.table("inflight")?, 1 << 16).iter().filter(|(_, v)| inflight_live(v)).count();
         let skipped = self.links.missed();
         let mut line = format!("{lost} events lost, {ended} ended without a response, {in_flight} still in flight");
         if self.plan.have_rx {
@@ -552,6 +555,19 @@ mod tests {
             ]
         );
         assert!(!p.fentry && p.values().contains(&("FENTRY", Value::Bool(false))));
+    }
+
+    /// The summary's in-flight count reads ts_queue as the first u64 of
+    /// the C struct inflight, as the C side's liveness check does.
+    #[test]
+    fn inflight_slot_is_live_by_its_first_u64() {
+        let c = templates::ISCSI_STAGES;
+        assert!(c.contains("struct inflight {\n    u64 ts_queue;\n"), "ts_queue must open struct inflight");
+        assert!(c.contains("return f && f->ts_queue ? f : NULL;"));
+        let mut v = vec![0u8; 144];
+        assert!(!inflight_live(&v));
+        v[..8].copy_from_slice(&5u64.to_ne_bytes());
+        assert!(inflight_live(&v));
     }
 
     /// Without iscsi_tcp_hdr_recv_done the first PDU back is taken at the
