@@ -23,7 +23,10 @@ struct event {
     u8 dir;
     u8 opcode;
     u8 split;
-    char comm[TASK_COMM_LEN];
+    u8 issuer;     /* ISSUER_* of iscsi_stages.c */
+    char comm[TASK_COMM_LEN];         /* the context that dispatched it */
+    char issuer_comm[TASK_COMM_LEN];  /* ISSUER_KNOWN: who submitted it */
+    u32 issuer_pid;
 };
 
 static __always_inline void on_command_done(void *ctx,
@@ -54,5 +57,10 @@ static __always_inline void on_command_done(void *ctx,
     e.dir = f->dir;
     e.opcode = f->opcode;
     __builtin_memcpy(&e.comm, f->comm, sizeof(e.comm));
+#if ISSUER
+    e.issuer = f->issuer;
+    e.issuer_pid = f->issuer_pid;
+    __builtin_memcpy(&e.issuer_comm, f->issuer_comm, sizeof(e.issuer_comm));
+#endif
     submit_event(ctx, &e, sizeof(e));
 }

@@ -53,6 +53,8 @@
  * @struct iscsi_tcp_conn iscsi_conn dd_data in.hdr in.hdr_buf
  * @struct socket sk
  * @struct tcp_sock total_retrans rtt_min rx_opt.rcv_tsval
+ * @struct request bio __sector
+ * @struct bio bi_iter.bi_sector
  * @enum DMA_FROM_DEVICE DMA_TO_DEVICE ISCSI_TASK_COMPLETED ISCSI_TASK_PENDING
  */
 #if !BTF_TYPES
@@ -113,6 +115,18 @@
  * saves their reads on every command. The CDB's opcode is read for both:
  * it tells the commands the target answers from memory (NO_MEDIA_OP). */
 #define WHO {{WHO}}
+/* The process that submitted each command's I/O to the block layer
+ * (isclatency --issuer), seen at the raw tracepoint block:block_getrq:
+ * it runs in the submitting task once per new request, after the bio was
+ * split and every merge tried, with the bio that becomes the request's
+ * first (rq->bio). Its bio is argument GETRQ_BIO_ARG: 1 before 5.11
+ * (q, bio, rw), 0 after (bio). */
+#define ISSUER {{ISSUER}}
+#define GETRQ_BIO_ARG {{GETRQ_BIO_ARG}}
+/* struct inflight's issuer: what COMM and PID are. */
+#define ISSUER_NOT_TRACED 0
+#define ISSUER_KNOWN 1
+#define ISSUER_UNKNOWN 2
 
 /* The CDB: `unsigned char *cmnd` before 5.19 (pointing at the command's
  * own buffer), `unsigned char cmnd[32]` after. Chosen from the headers. */
@@ -163,7 +177,12 @@ struct inflight {
     u8 opcode;
     u8 rx_op;
     u8 net_from;
+    u8 issuer;     /* ISSUER_*: what issuer_pid and issuer_comm hold */
     char comm[TASK_COMM_LEN];
+#if ISSUER
+    u32 issuer_pid;
+    char issuer_comm[TASK_COMM_LEN];
+#endif
 };
 
 struct stage_times {
@@ -197,6 +216,56 @@ static __always_inline struct inflight *inflight_live(u64 key)
     struct inflight *f = inflight.lookup(&key);
     return f && f->ts_queue ? f : NULL;
 }
+
+#if ISSUER
+/* A bio that began a request, and who submitted it: the bio's first
+ * sector tells a later bio at the same address apart (a request whose
+ * first bio never passed block_getrq: a front merge, a passthrough
+ * command's mapped buffer, a dm clone). */
+struct issuer {
+    u64 sector;
+    u32 pid;
+    char comm[TASK_COMM_LEN];
+};
+/* Keyed by struct bio *; bios come back at the same addresses, so an entry
+ * is rewritten in place more often than inserted. Bios of every block
+ * device pass here; the least recently used give way. */
+BPF_TABLE("lru_hash", u64, struct issuer, issuer_by_bio, 16384);
+
+int issuer_getrq(struct bpf_raw_tracepoint_args *ctx)
+{
+    u64 bio = ctx->args[GETRQ_BIO_ARG];
+    struct issuer v = {};
+    bpf_probe_read_kernel(&v.sector, sizeof(v.sector), &((struct bio *)bio)->bi_iter.bi_sector);
+    v.pid = bpf_get_current_pid_tgid() >> 32;
+    bpf_get_current_comm(&v.comm, sizeof(v.comm));
+    struct issuer *old = issuer_by_bio.lookup(&bio);
+    if (old)
+        *old = v;
+    else
+        issuer_by_bio.insert(&bio, &v);
+    return 0;
+}
+
+/* The command's request (blk_mq_rq_from_pdu: the scsi_cmnd follows it),
+ * its first bio and sector: the issuer recorded for that bio at that
+ * sector, else unknown (COMM and PID stay the dispatching context). */
+static __always_inline void issuer_of(struct scsi_cmnd *sc, struct inflight *f)
+{
+    struct request *rq = (struct request *)((char *)sc - sizeof(struct request));
+    u64 bio = 0, sector = 0;
+    bpf_probe_read_kernel(&bio, sizeof(bio), &rq->bio);
+    bpf_probe_read_kernel(&sector, sizeof(sector), &rq->__sector);
+    struct issuer *v = bio ? issuer_by_bio.lookup(&bio) : NULL;
+    if (!v || v->sector != sector) {
+        f->issuer = ISSUER_UNKNOWN;
+        return;
+    }
+    f->issuer = ISSUER_KNOWN;
+    f->issuer_pid = v->pid;
+    __builtin_memcpy(&f->issuer_comm, v->comm, sizeof(f->issuer_comm));
+}
+#endif
 
 /* Defined by the tool's template: what to do with a timed command. */
 static __always_inline void on_command_done(void *ctx,
@@ -246,6 +315,9 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
     f.channel = sdev->channel;
     f.id = sdev->id;
     bpf_get_current_comm(&f.comm, sizeof(f.comm));
+#endif
+#if ISSUER
+    issuer_of(sc, &f);
 #endif
     f.ts_queue = bpf_ktime_get_ns();
     struct inflight *old = inflight.lookup(&key);

@@ -130,7 +130,8 @@ impl Options {
         let min_us = u64::try_from(self.min.as_micros()).unwrap_or(u64::MAX);
         let common = Common { verbose: self.verbose, ..Common::default() };
         let startup = Startup::new("storprototrace", &common)?;
-        let values = [("MIN_US", min_us.into()), ("WHO", true.into())];
+        let mut values = vec![("MIN_US", min_us.into()), ("WHO", true.into())];
+        values.extend(stages::issuer_values(&startup.kernel.release, false));
         let tracing = stages::start_tracing(&startup, &self.filters, templates::ISCLATENCY, &values)?;
         let events = startup.events(&tracing.bpf)?;
         let topo = LiveTopology::new(tracing.topo.clone(), Some("/sys".into()));

@@ -113,12 +113,16 @@ fn isclatency_exact_count_on_one_disk() {
     let (d, other) = (&lab.disks[0], &lab.disks[1]);
     // The same command line twice at once: as chosen for this kernel
     // (fentry where modules have BTF), and forced onto kprobes, the
-    // fallback, which must be exact as well.
-    let chosen = spawn("isclatency", &["-v", "-u", "0", "--json", "--disk", d], &[]);
+    // fallback, which must be exact as well. The first also names each
+    // command's issuer (-I): fio's one process (its job a thread of it),
+    // whose pid is known here, and not the other disk's fio.
+    let chosen = spawn("isclatency", &["-v", "-I", "-u", "0", "--json", "--disk", d], &[]);
     let kprobes = spawn("isclatency", &["-v", "-u", "0", "--json", "--disk", d], &[("STORPROTOTRACE_KPROBES", "1")]);
     let (chosen, kprobes) = (chosen.ready(), kprobes.ready());
-    let noise = fio_cmd(other, "randread", 300, 4, &[]).spawn().unwrap();
-    let f = fio(d, "randrw", 1000, 8, &[]);
+    let noise = fio_cmd(other, "randread", 300, 4, &["--thread"]).spawn().unwrap();
+    let job = fio_cmd(d, "randrw", 1000, 8, &["--thread"]).spawn().unwrap();
+    let fio_pid = job.id() as u64;
+    let f = fio_result(job.wait_with_output().unwrap());
     fio_result(noise.wait_with_output().unwrap());
     let module_btf = std::path::Path::new("/sys/kernel/btf/libiscsi").exists();
     for (name, t) in [("chosen", chosen), ("kprobes", kprobes)] {
@@ -143,6 +147,15 @@ fn isclatency_exact_count_on_one_disk() {
         assert_eq!(cmds.len() as u64, f.ios(), "exactly one line per fio I/O");
         assert_eq!((reads, writes), (f.reads, f.writes));
         assert!(cmds.iter().all(|c| c.str("disk") == d && c.u64("bytes") == 4096 && c["ok"] == true));
+        if name == "chosen" {
+            let dispatched_elsewhere = cmds.iter().filter(|c| c.u64("dispatch_pid") != fio_pid).count();
+            println!("issuer: fio pid {fio_pid}; {dispatched_elsewhere} of its commands dispatched by another context");
+            for c in &cmds {
+                assert!(c["issuer"] == true && c.u64("pid") == fio_pid && c.str("comm") == "fio", "issuer of {c}");
+            }
+        } else {
+            assert!(cmds.iter().all(|c| c["issuer"].is_null()), "no issuer without -I");
+        }
         check_opcodes(name, &cmds, &["R", "W"]);
         check_sane(&cmds, out.elapsed);
         assert_eq!(out.summary("events lost"), 0);

@@ -31,6 +31,7 @@ const EXAMPLES: &str = "examples:
     isclatency -m 1            # 1 ms or more
     isclatency -u 0            # every command, times in us
     isclatency -W              # every column: session, LUN, RESP, RETX, result
+    isclatency -I              # COMM and PID: the process that issued the I/O
     isclatency -m 5 -e         # -W and R2T count, target name, initiator, portal
     isclatency --sid 1 -w      # writes of session 1 only
     isclatency --target 'storage0[12]' --lun 0
@@ -57,6 +58,11 @@ struct Args {
     /// Wide, and R2Ts waited for (writes), target name (IQN), initiator, portal
     #[arg(short = 'e', long)]
     extended: bool,
+    /// COMM and PID: the process that submitted the I/O, not the context that
+    /// dispatched it to the driver (marked [comm] where not known); one more
+    /// program run per command
+    #[arg(short = 'I', long)]
+    issuer: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -71,10 +77,22 @@ fn run(args: Args) -> Result<()> {
     let tur_every = args.tur.interval(&args.filters)?;
     let mut s = Startup::new("isclatency", &args.common)?;
     s.event_pages = args.buffer.pages()?;
-    let values = [("MIN_US", min_us.into()), ("WHO", true.into())];
-    let Some(t) = stages::start(&s, &args.filters, templates::ISCLATENCY, &values)? else {
+    let mut values = vec![("MIN_US", min_us.into()), ("WHO", true.into())];
+    values.extend(stages::issuer_values(&s.kernel.release, args.issuer));
+    let Some(mut t) = stages::start(&s, &args.filters, templates::ISCLATENCY, &values)? else {
         return Ok(());
     };
+    if args.issuer {
+        let (system, event) = stages::ISSUER_TRACEPOINT;
+        if !s.kernel.has_tracepoint(system, event) {
+            return Err(error::Error::missing_probe("the issuer of a request (--issuer)", &[event]));
+        }
+        bcc::RawTracepoint::new()
+            .handler("issuer_getrq")
+            .tracepoint(event)
+            .attach(&mut t.bpf)
+            .map_err(|e| error::Error::bpf(format!("cannot attach raw tracepoint {event}: {e}")))?;
+    }
     let mut events = s.events(&t.bpf)?;
     let mut view = LatencyView::new(
         unit,

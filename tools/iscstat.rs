@@ -116,13 +116,14 @@ fn run(args: Args) -> Result<()> {
     // are merged back to what -L/-D ask for.
     let prom = args.prom_file.is_some() || exporter.is_some();
     let fine = args.percentiles || args.histograms;
-    let values = [
+    let mut values = vec![
         ("PER_LUN", (args.per_lun || prom).into()),
         ("PER_DIR", (args.per_dir || prom).into()),
         ("PROM", prom.into()),
         ("FINE_HIST", fine.into()),
         ("WHO", false.into()),
     ];
+    values.extend(stages::issuer_values(&s.kernel.release, false));
     let Some(t) = stages::start(&s, &args.filters, templates::ISCSTAT, &values)? else {
         return Ok(());
     };

@@ -134,7 +134,36 @@ pub struct Command {
     pub result: i32,
     pub dir: Direction,
     pub opcode: u8,
+    /// The context that dispatched the command to the iSCSI driver
+    /// (often a kworker), with `pid`.
     pub comm: String,
+    /// The process that submitted the command's I/O, where traced.
+    pub issuer: Issuer,
+}
+
+/// Who submitted a command's I/O to the block layer (`ISSUER_*` of
+/// iscsi_stages.c).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Issuer {
+    /// Not traced (isclatency without --issuer).
+    NotTraced,
+    /// The submitting process: its pid (thread group) and name.
+    Known { pid: u32, comm: String },
+    /// Traced, and not known: no bio of the command's request was seen
+    /// starting a request (the kernel's own commands, passthrough, a
+    /// request whose first bio was merged in front of it).
+    Unknown,
+}
+
+impl Issuer {
+    fn from_record(code: u8, pid: u32, comm: String) -> Option<Issuer> {
+        match code {
+            0 => Some(Issuer::NotTraced),
+            1 => Some(Issuer::Known { pid, comm }),
+            2 => Some(Issuer::Unknown),
+            _ => None,
+        }
+    }
 }
 
 /// RETX_UNKNOWN of iscsi_stages.c.
@@ -149,7 +178,7 @@ impl Command {
     }
 
     /// sizeof(struct event) of isclatency.c (a test checks it).
-    pub const SIZE: usize = 128;
+    pub const SIZE: usize = 144;
 
     pub fn parse(data: &[u8]) -> Option<Command> {
         let mut r = Reader::new(data);
@@ -159,7 +188,10 @@ impl Command {
             (r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
         let retrans = r.u32()?;
         let result = r.i32()?;
-        let (dir, opcode, split) = (Direction::from_code(r.u8()?), r.u8()?, r.u8()?);
+        let (dir, opcode, split, issuer) = (Direction::from_code(r.u8()?), r.u8()?, r.u8()?, r.u8()?);
+        let comm = r.cstr(16)?;
+        let issuer_comm = r.cstr(16)?;
+        let issuer = Issuer::from_record(issuer, r.u32()?, issuer_comm)?;
         Some(Command {
             ts_queue,
             wait,
@@ -181,7 +213,8 @@ impl Command {
             result,
             dir,
             opcode,
-            comm: r.cstr(16)?,
+            comm,
+            issuer,
         })
     }
 
@@ -311,9 +344,12 @@ mod tests {
 
     #[test]
     fn command_matches_isclatency_c() {
-        let s = sample(templates::ISCLATENCY);
+        let mut s = sample(templates::ISCLATENCY);
         assert_eq!(s.layout.size, Command::SIZE);
+        let issuer_at = s.layout.field("issuer").offset;
+        s.bytes[issuer_at] = 1;
         let c = Command::parse(&s.bytes).unwrap();
+        assert_eq!(c.issuer, Issuer::Known { pid: s.int("issuer_pid", 0) as u32, comm: s.string("issuer_comm") });
         assert!(s.int("split", 0) != 0 && s.int("retrans", 0) != RETX_UNKNOWN as u64);
         let (net, target) = c.split.unwrap();
         let got = [
@@ -346,9 +382,20 @@ mod tests {
         }
         assert_eq!(c.dir, Direction::from_code(s.int("dir", 0) as u8));
         assert_eq!(c.comm, s.string("comm"));
-        assert_eq!(s.layout.fields.len(), names.len() + 3, "every C field is decoded");
+        assert_eq!(s.layout.fields.len(), names.len() + 6, "every C field is decoded");
+        let d = crate::bpf::layout::defines(templates::ISCSI_STAGES);
+        for (code, name) in [(0u8, "ISSUER_NOT_TRACED"), (2, "ISSUER_UNKNOWN")] {
+            assert_eq!(d.get(name).copied(), Some(code as usize), "{name}");
+            s.bytes[issuer_at] = code;
+            let want = if code == 0 { Issuer::NotTraced } else { Issuer::Unknown };
+            assert_eq!(Command::parse(&s.bytes).unwrap().issuer, want);
+        }
+        assert_eq!(d.get("ISSUER_KNOWN").copied(), Some(1));
+        s.bytes[issuer_at] = 3;
+        assert!(Command::parse(&s.bytes).is_none(), "an issuer code the C side does not define");
+        s.bytes[issuer_at] = 1;
         assert!(templates::ISCSI_STAGES.contains(&format!("#define RETX_UNKNOWN {RETX_UNKNOWN:#x}\n")));
-        let end = s.layout.field("comm").offset + 16;
+        let end = s.layout.field("issuer_pid").offset + 4;
         assert!(Command::parse(&s.bytes[..end - 1]).is_none());
     }
 
@@ -402,6 +449,8 @@ mod tests {
     #[test]
     fn failed_result_is_named() {
         let mut s = sample(templates::ISCLATENCY);
+        let issuer_at = s.layout.field("issuer").offset;
+        s.bytes[issuer_at] = 0;
         let off = s.layout.field("result").offset;
         s.bytes[off..off + 4].copy_from_slice(&0x0007_0000i32.to_ne_bytes());
         let c = Command::parse(&s.bytes).unwrap();

@@ -112,6 +112,12 @@ impl Object {
         self.buf.push_str(if v { "true" } else { "false" });
         self
     }
+    pub fn opt_bool(self, k: &str, v: Option<bool>) -> Self {
+        match v {
+            Some(b) => self.bool(k, b),
+            None => self.null(k),
+        }
+    }
     pub fn null(mut self, k: &str) -> Self {
         self.key(k);
         self.buf.push_str("null");

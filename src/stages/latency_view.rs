@@ -1,7 +1,7 @@
 //! isclatency's output: one line (or JSON object) per timed command, with
 //! the disk and session looked up in the topology.
 
-use crate::bpf::events::Command;
+use crate::bpf::events::{Command, Issuer};
 use crate::cli::json;
 use crate::cli::output::{push_decimal, Clock, Unit};
 use crate::iscsi::topology::{LiveTopology, Topology};
@@ -114,11 +114,24 @@ impl LatencyView {
                 Ok(())
             }
             Field::Comm => {
-                out.extend(c.comm.chars().take(col.width));
+                match &c.issuer {
+                    Issuer::Known { comm, .. } => out.extend(comm.chars().take(col.width)),
+                    // Traced and not known: the dispatching context, marked.
+                    Issuer::Unknown => {
+                        out.push('[');
+                        out.extend(c.comm.chars().take(col.width.saturating_sub(2)));
+                        out.push(']');
+                    }
+                    Issuer::NotTraced => out.extend(c.comm.chars().take(col.width)),
+                }
                 Ok(())
             }
             Field::Pid => {
-                push_decimal(out, c.pid.into(), 0);
+                let pid = match c.issuer {
+                    Issuer::Known { pid, .. } => pid,
+                    _ => c.pid,
+                };
+                push_decimal(out, pid.into(), 0);
                 Ok(())
             }
             Field::SidCid => write!(out, "{}:{}", c.sid, c.cid),
@@ -162,10 +175,18 @@ impl LatencyView {
         self.topo.learn(c.host, c.channel, c.id, c.lun);
         let disk = self.topo.known_disk(c.host, c.channel, c.id, c.lun);
         let s = self.topo.session(c.sid);
+        let traced = c.issuer != Issuer::NotTraced;
+        let (comm, pid) = match &c.issuer {
+            Issuer::Known { pid, comm } => (comm.as_str(), *pid),
+            _ => (c.comm.as_str(), c.pid),
+        };
         json::Object::new()
             .str("time", &self.time(c))
-            .str("comm", &c.comm)
-            .num("pid", c.pid)
+            .str("comm", comm)
+            .num("pid", pid)
+            .opt_bool("issuer", traced.then_some(matches!(c.issuer, Issuer::Known { .. })))
+            .str("dispatch_comm", &c.comm)
+            .num("dispatch_pid", c.pid)
             .num("sid", c.sid)
             .num("cid", c.cid)
             .num("host", c.host)
@@ -356,7 +377,41 @@ mod tests {
             dir: Direction::Read,
             opcode: 0x28,
             comm: "fio".into(),
+            issuer: Issuer::NotTraced,
         }
+    }
+
+    #[test]
+    fn comm_and_pid_are_the_issuer_where_traced_and_known() {
+        let mut v = view(true, false, false);
+        let dispatched = Command { comm: "kworker/1:1H".into(), pid: 120, ..cmd(0) };
+        let known = Command { issuer: Issuer::Known { pid: 4242, comm: "fio".into() }, ..dispatched.clone() };
+        let unknown = Command { issuer: Issuer::Unknown, ..dispatched.clone() };
+        let long = Command { comm: "kworker/u16:10H".into(), issuer: Issuer::Unknown, ..dispatched.clone() };
+        let shown = |v: &mut LatencyView, c: &Command| {
+            let line = v.row(c);
+            (cell(v, &line, "COMM"), cell(v, &line, "PID"))
+        };
+        assert_eq!(shown(&mut v, &dispatched), ("kworker/1:1H".into(), "120".into()));
+        assert_eq!(shown(&mut v, &known), ("fio".into(), "4242".into()));
+        assert_eq!(shown(&mut v, &unknown), ("[kworker/1:1H]".into(), "120".into()));
+        assert_eq!(shown(&mut v, &long).0, "[kworker/u16:]", "marked within COMM's 14 columns");
+        let json =
+            |v: &mut LatencyView, c: &Command| -> Vec<String> { v.json(c).split(',').map(String::from).collect() };
+        let j = json(&mut v, &known);
+        for kv in [
+            r#""comm":"fio""#,
+            r#""pid":4242"#,
+            r#""issuer":true"#,
+            r#""dispatch_comm":"kworker/1:1H""#,
+            r#""dispatch_pid":120"#,
+        ] {
+            assert!(j.contains(&kv.to_string()), "{kv} in {j:?}");
+        }
+        let j = json(&mut v, &unknown);
+        assert!(j.contains(&r#""comm":"kworker/1:1H""#.to_string()) && j.contains(&r#""issuer":false"#.to_string()));
+        let j = json(&mut v, &dispatched);
+        assert!(j.contains(&r#""pid":120"#.to_string()) && j.contains(&r#""issuer":null"#.to_string()), "{j:?}");
     }
 
     #[test]

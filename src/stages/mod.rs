@@ -36,6 +36,20 @@ pub const RX_HDR: &str = "iscsi_tcp_hdr_recv_done";
 /// PDU back where RX_HDR cannot be traced.
 pub const RX: &str = "iscsi_itt_to_ctask";
 
+/// The raw tracepoint where the issuer of each command's I/O is seen
+/// (bpf_templates/iscsi_stages.c ISSUER): it runs in the submitting task.
+pub const ISSUER_TRACEPOINT: (&str, &str) = ("block", "block_getrq");
+
+/// The template's values for the issuer: `on` (isclatency --issuer), and
+/// which argument of block_getrq is the bio on this kernel (`release`, as
+/// uname -r): (q, bio, rw) before 5.11, (bio) since.
+pub fn issuer_values(release: &str, on: bool) -> [(&'static str, Value); 2] {
+    let mut v = release.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+    let bio_arg = u64::from((major, minor) < (5, 11) && major > 0);
+    [("ISSUER", on.into()), ("GETRQ_BIO_ARG", bio_arg.into())]
+}
+
 /// What the running kernel lets us measure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StagePlan {
@@ -593,6 +607,8 @@ mod tests {
                 ("PROM", false.into()),
                 ("FINE_HIST", false.into()),
                 ("WHO", false.into()),
+                ("ISSUER", false.into()),
+                ("GETRQ_BIO_ARG", 0u64.into()),
             ],
         )
         .unwrap();
@@ -600,6 +616,21 @@ mod tests {
         let full = StagePlan::choose(&kernel_with(&tempfile::tempdir().unwrap(), ALL), ScsiLayout::modern()).unwrap();
         assert!(full.rx_at_header);
         assert_eq!(last(&full), "kprobe:iscsi_tcp_hdr_recv_done -> stages_rx_hdr");
+    }
+
+    #[test]
+    fn block_getrq_takes_the_bio_first_since_5_11() {
+        let arg = |r: &str| issuer_values(r, true)[1].1;
+        for (release, want) in [
+            ("5.10.0-46-amd64", 1u64),
+            ("4.19.0-27-amd64", 1),
+            ("5.11.0", 0),
+            ("6.1.0-57-amd64", 0),
+            ("7.3.4", 0),
+            ("", 0),
+        ] {
+            assert_eq!(arg(release), Value::from(want), "{release}");
+        }
     }
 
     #[test]
@@ -642,8 +673,9 @@ mod tests {
                 dir: 2,
             },
         ];
-        let tools: [(&str, Vec<(&'static str, Value)>); 3] = [
+        let mut tools: [(&str, Vec<(&'static str, Value)>); 4] = [
             (templates::ISCLATENCY, vec![("MIN_US", 10_000u64.into()), ("WHO", true.into())]),
+            (templates::ISCLATENCY, vec![("MIN_US", 0u64.into()), ("WHO", true.into())]),
             (
                 templates::ISCSTAT,
                 vec![
@@ -665,6 +697,9 @@ mod tests {
                 ],
             ),
         ];
+        for (i, (_, values)) in tools.iter_mut().enumerate() {
+            values.extend(issuer_values(if i == 1 { "5.10.0-46-amd64" } else { "6.1.0-57-amd64" }, i == 1));
+        }
         let mut rendered = 0;
         for scsi in [ScsiLayout::modern(), OLD] {
             for have_sent in [true, false] {
@@ -683,6 +718,9 @@ mod tests {
                                 for p in &plan.probes {
                                     assert!(c.contains(&format!("int {}(", p.handler)), "{} missing", p.handler);
                                 }
+                                let issuer = values.contains(&("ISSUER", Value::Bool(true)));
+                                assert!(c.contains(&format!("#define ISSUER {}\n", issuer as u8)));
+                                assert!(c.contains(&format!("#define GETRQ_BIO_ARG {}LL\n", issuer as u8)));
                                 rendered += 1;
                             }
                         }
@@ -690,6 +728,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(rendered, 2 * 2 * 2 * 2 * 2 * 3);
+        assert_eq!(rendered, 2 * 2 * 2 * 2 * 2 * 4);
     }
 }
