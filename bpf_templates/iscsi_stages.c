@@ -53,7 +53,7 @@
  * @struct iscsi_tcp_conn iscsi_conn dd_data in.hdr in.hdr_buf
  * @struct socket sk
  * @struct tcp_sock total_retrans rtt_min rx_opt.rcv_tsval
- * @struct request bio __sector
+ * @struct request bio __sector cmd_flags
  * @struct bio bi_iter.bi_sector
  * @enum DMA_FROM_DEVICE DMA_TO_DEVICE ISCSI_TASK_COMPLETED ISCSI_TASK_PENDING
  */
@@ -249,13 +249,21 @@ int issuer_getrq(struct bpf_raw_tracepoint_args *ctx)
 
 /* The command's request (blk_mq_rq_from_pdu: the scsi_cmnd follows it),
  * its first bio and sector: the issuer recorded for that bio at that
- * sector, else unknown (COMM and PID stay the dispatching context). */
+ * sector, else unknown (COMM and PID stay the dispatching context). A
+ * passthrough request (REQ_OP_DRV_IN/OUT 34/35, on 5.10 also
+ * REQ_OP_SCSI_IN/OUT 32/33, in the low 8 bits of cmd_flags: the SCSI
+ * midlayer's own commands and SG_IO) and a flush (no bio) never passed
+ * block_getrq: unknown. */
 static __always_inline void issuer_of(struct scsi_cmnd *sc, struct inflight *f)
 {
     struct request *rq = (struct request *)((char *)sc - sizeof(struct request));
     u64 bio = 0, sector = 0;
+    u32 flags = 0;
+    bpf_probe_read_kernel(&flags, sizeof(flags), &rq->cmd_flags);
     bpf_probe_read_kernel(&bio, sizeof(bio), &rq->bio);
     bpf_probe_read_kernel(&sector, sizeof(sector), &rq->__sector);
+    if ((flags & 0xff) >= 32)
+        bio = 0;
     struct issuer *v = bio ? issuer_by_bio.lookup(&bio) : NULL;
     if (!v || v->sector != sector) {
         f->issuer = ISSUER_UNKNOWN;
