@@ -175,7 +175,7 @@ fn isclatency_exact_count_on_one_disk() {
 }
 
 /// A full event buffer loses events and counts each one: isclatency with a
-/// one-page buffer (-b 1, 30 events) is stopped (SIGSTOP) while fio
+/// one-page buffer (-b 1, 26 events) is stopped (SIGSTOP) while fio
 /// runs 1000 I/Os on its disk, then continued. The commands shown and the
 /// events lost add up to fio's count exactly, there are some of each, and
 /// the exit summary says how many did not fit and to raise -b.

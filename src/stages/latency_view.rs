@@ -184,9 +184,6 @@ impl LatencyView {
             .str("time", &self.time(c))
             .str("comm", comm)
             .num("pid", pid)
-            .opt_bool("issuer", traced.then_some(matches!(c.issuer, Issuer::Known { .. })))
-            .str("dispatch_comm", &c.comm)
-            .num("dispatch_pid", c.pid)
             .num("sid", c.sid)
             .num("cid", c.cid)
             .num("host", c.host)
@@ -209,6 +206,9 @@ impl LatencyView {
             .opt_str("target", s.map(|s| s.target.as_str()))
             .opt_str("initiator", s.map(|s| s.initiator.as_str()))
             .str("portal", &s.map(|s| s.portal()).unwrap_or_else(|| "?".into()))
+            .opt_bool("issuer", traced.then_some(matches!(c.issuer, Issuer::Known { .. })))
+            .str("dispatch_comm", &c.comm)
+            .num("dispatch_pid", c.pid)
             .finish()
     }
 }
@@ -396,8 +396,9 @@ mod tests {
         assert_eq!(shown(&mut v, &known), ("fio".into(), "4242".into()));
         assert_eq!(shown(&mut v, &unknown), ("[kworker/1:1H]".into(), "120".into()));
         assert_eq!(shown(&mut v, &long).0, "[kworker/u16:]", "marked within COMM's 14 columns");
-        let json =
-            |v: &mut LatencyView, c: &Command| -> Vec<String> { v.json(c).split(',').map(String::from).collect() };
+        let json = |v: &mut LatencyView, c: &Command| -> Vec<String> {
+            v.json(c).trim_matches(|b| b == '{' || b == '}').split(',').map(String::from).collect()
+        };
         let j = json(&mut v, &known);
         for kv in [
             r#""comm":"fio""#,
