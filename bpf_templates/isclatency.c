@@ -10,6 +10,7 @@ struct event {
     u64 net;
     u64 target;
     u64 lun;
+    u64 issuer_cgroup; /* ISSUER_KNOWN: its cgroup v2 id */
     u32 host;
     u32 channel;
     u32 id;
@@ -60,6 +61,7 @@ static __always_inline void on_command_done(void *ctx,
 #if ISSUER
     e.issuer = f->issuer;
     e.issuer_pid = f->issuer_pid;
+    e.issuer_cgroup = f->issuer_cgroup;
     __builtin_memcpy(&e.issuer_comm, f->issuer_comm, sizeof(e.issuer_comm));
 #endif
     submit_event(ctx, &e, sizeof(e));

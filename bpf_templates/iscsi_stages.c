@@ -96,6 +96,11 @@
 #define FILTER_CID_VALUE {{CID}}
 #define FILTER_PID {{FILTER_PID}}
 #define FILTER_PID_VALUE {{PID}}
+/* Only I/O issued from cgroup v2 CGROUP_ID or below it (CGROUP_LEVEL: its
+ * depth, the root's 0): told where the issuer is seen (needs ISSUER). */
+#define FILTER_CGROUP {{FILTER_CGROUP}}
+#define CGROUP_ID {{CGROUP_ID}}
+#define CGROUP_LEVEL {{CGROUP_LEVEL}}
 /* 0: all, 1: reads only, 2: writes only */
 #define FILTER_DIR {{FILTER_DIR}}
 #define HAVE_SENT {{HAVE_SENT}}
@@ -123,6 +128,9 @@
  * (q, bio, rw), 0 after (bio). */
 #define ISSUER {{ISSUER}}
 #define GETRQ_BIO_ARG {{GETRQ_BIO_ARG}}
+#if FILTER_CGROUP && !ISSUER
+#error "the cgroup filter needs the issuer (ISSUER)"
+#endif
 /* struct inflight's issuer: what COMM and PID are. */
 #define ISSUER_NOT_TRACED 0
 #define ISSUER_KNOWN 1
@@ -180,6 +188,7 @@ struct inflight {
     u8 issuer;     /* ISSUER_*: what issuer_pid and issuer_comm hold */
     char comm[TASK_COMM_LEN];
 #if ISSUER
+    u64 issuer_cgroup;
     u32 issuer_pid;
     char issuer_comm[TASK_COMM_LEN];
 #endif
@@ -224,7 +233,9 @@ static __always_inline struct inflight *inflight_live(u64 key)
  * command's mapped buffer, a dm clone). */
 struct issuer {
     u64 sector;
+    u64 cgroup;    /* the task's cgroup v2 id */
     u32 pid;
+    u32 in_cgroup; /* FILTER_CGROUP: the task is in CGROUP_ID or below */
     char comm[TASK_COMM_LEN];
 };
 /* Keyed by struct bio *; bios come back at the same addresses, so an entry
@@ -238,6 +249,10 @@ int issuer_getrq(struct bpf_raw_tracepoint_args *ctx)
     struct issuer v = {};
     bpf_probe_read_kernel(&v.sector, sizeof(v.sector), &((struct bio *)bio)->bi_iter.bi_sector);
     v.pid = bpf_get_current_pid_tgid() >> 32;
+    v.cgroup = bpf_get_current_cgroup_id();
+#if FILTER_CGROUP
+    v.in_cgroup = bpf_get_current_ancestor_cgroup_id(CGROUP_LEVEL) == CGROUP_ID;
+#endif
     bpf_get_current_comm(&v.comm, sizeof(v.comm));
     struct issuer *old = issuer_by_bio.lookup(&bio);
     if (old)
@@ -249,12 +264,14 @@ int issuer_getrq(struct bpf_raw_tracepoint_args *ctx)
 
 /* The command's request (blk_mq_rq_from_pdu: the scsi_cmnd follows it),
  * its first bio and sector: the issuer recorded for that bio at that
- * sector, else unknown (COMM and PID stay the dispatching context). A
+ * sector, else unknown (COMM and PID stay the dispatching context).
+ * Returns 0 for a command the cgroup filter drops (its issuer not in the
+ * cgroup, or not known). A
  * passthrough request (REQ_OP_DRV_IN/OUT 34/35, on 5.10 also
  * REQ_OP_SCSI_IN/OUT 32/33, in the low 8 bits of cmd_flags: the SCSI
  * midlayer's own commands and SG_IO) and a flush (no bio) never passed
  * block_getrq: unknown. */
-static __always_inline void issuer_of(struct scsi_cmnd *sc, struct inflight *f)
+static __always_inline int issuer_of(struct scsi_cmnd *sc, struct inflight *f)
 {
     struct request *rq = (struct request *)((char *)sc - sizeof(struct request));
     u64 bio = 0, sector = 0;
@@ -267,11 +284,15 @@ static __always_inline void issuer_of(struct scsi_cmnd *sc, struct inflight *f)
     struct issuer *v = bio ? issuer_by_bio.lookup(&bio) : NULL;
     if (!v || v->sector != sector) {
         f->issuer = ISSUER_UNKNOWN;
-        return;
+        return !FILTER_CGROUP;
     }
+    if (FILTER_CGROUP && !v->in_cgroup)
+        return 0;
     f->issuer = ISSUER_KNOWN;
     f->issuer_pid = v->pid;
+    f->issuer_cgroup = v->cgroup;
     __builtin_memcpy(&f->issuer_comm, v->comm, sizeof(f->issuer_comm));
+    return 1;
 }
 #endif
 
@@ -325,7 +346,8 @@ static __always_inline int stage_queuecommand(struct Scsi_Host *shost,
     bpf_get_current_comm(&f.comm, sizeof(f.comm));
 #endif
 #if ISSUER
-    issuer_of(sc, &f);
+    if (!issuer_of(sc, &f))
+        return 0;
 #endif
     f.ts_queue = bpf_ktime_get_ns();
     struct inflight *old = inflight.lookup(&key);

@@ -174,6 +174,77 @@ fn isclatency_exact_count_on_one_disk() {
     }
 }
 
+/// `--cgroup` keeps the I/O of processes in a cgroup or below it, and
+/// nothing else: two fio jobs on one disk at once, one in a cgroup below
+/// `lab-a` (made for the test), the other in `lab-b`; isclatency and iscstat
+/// with `--cgroup` of `lab-a` (named two ways) show and count exactly the
+/// first job's I/Os, and isclatency names their issuer and its cgroup.
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn cgroup_filter_keeps_exactly_its_cgroups_io() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let d = &lab.disks[0];
+    let mount = storprototrace::kernel::cgroup::mount().expect("the lab guest mounts cgroup v2");
+    let (a, a_job, b) = (mount.join("lab-a"), mount.join("lab-a/job"), mount.join("lab-b"));
+    for dir in [&a_job, &b] {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    }
+    let a_full = a.display().to_string();
+    let [lat, stat]: [Traced; 2] = start_together(&[
+        ("isclatency", &["-u", "0", "--json", "--cgroup", "lab-a", "--disk", d]),
+        ("iscstat", &["1", "--json", "--cgroup", &a_full, "--disk", d]),
+    ])
+    .try_into()
+    .ok()
+    .unwrap();
+    // fio started inside its cgroup: the shell moves itself there, then
+    // becomes fio (same pid).
+    let in_cgroup = |dir: &std::path::Path, n: u64| {
+        let f = fio_cmd(d, "randrw", n, 8, &["--thread"]);
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c")
+            .arg(format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", dir.display()))
+            .arg(f.get_program())
+            .args(f.get_args())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let (job_a, job_b) = (in_cgroup(&a_job, 700), in_cgroup(&b, 500));
+    let pid_a = job_a.id() as u64;
+    let (fa, fb) = (fio_result(job_a.wait_with_output().unwrap()), fio_result(job_b.wait_with_output().unwrap()));
+    std::thread::sleep(Duration::from_millis(1500));
+    let (lat, stat) = (lat.stop(), stat.stop());
+    for dir in [&a_job, &a, &b] {
+        let _ = std::fs::remove_dir(dir);
+    }
+    assert!(lat.status.success() && stat.status.success(), "{}\n{}", lat.stderr, stat.stderr);
+    let cmds = lat.json();
+    let counted: u64 = stat.json().iter().map(|r| r.u64("count")).sum();
+    println!(
+        "fio in lab-a/job: {} I/Os, in lab-b: {}; isclatency --cgroup lab-a: {} shown; iscstat: {counted} counted ({} not)",
+        fa.ios(),
+        fb.ios(),
+        cmds.len(),
+        stat.untimed()
+    );
+    assert_eq!(cmds.len() as u64, fa.ios(), "isclatency --cgroup: exactly the cgroup's I/Os");
+    for c in &cmds {
+        assert!(
+            c["issuer"] == true && c.u64("pid") == pid_a && c.str("cgroup") == "/lab-a/job",
+            "a command of the cgroup's fio, from its cgroup: {c}"
+        );
+    }
+    assert_eq!(lat.untimed(), 0);
+    assert!(
+        counted <= fa.ios() && fa.ios() - counted <= stat.untimed(),
+        "iscstat --cgroup counted {counted} of the cgroup's {} I/Os (and says {} were not counted)",
+        fa.ios(),
+        stat.untimed()
+    );
+}
+
 /// A full event buffer loses events and counts each one: isclatency with a
 /// one-page buffer (-b 1, 26 events) is stopped (SIGSTOP) while fio
 /// runs 1000 I/Os on its disk, then continued. The commands shown and the

@@ -78,21 +78,10 @@ fn run(args: Args) -> Result<()> {
     let mut s = Startup::new("isclatency", &args.common)?;
     s.event_pages = args.buffer.pages()?;
     let mut values = vec![("MIN_US", min_us.into()), ("WHO", true.into())];
-    values.extend(stages::issuer_values(&s.kernel.release, args.issuer));
-    let Some(mut t) = stages::start(&s, &args.filters, templates::ISCLATENCY, &values)? else {
+    values.extend(stages::issuer_values(&s.kernel, args.issuer || args.filters.cgroup.is_some()));
+    let Some(t) = stages::start(&s, &args.filters, templates::ISCLATENCY, &values)? else {
         return Ok(());
     };
-    if args.issuer {
-        let (system, event) = stages::ISSUER_TRACEPOINT;
-        if !s.kernel.has_tracepoint(system, event) {
-            return Err(error::Error::missing_probe("the issuer of a request (--issuer)", &[event]));
-        }
-        bcc::RawTracepoint::new()
-            .handler("issuer_getrq")
-            .tracepoint(event)
-            .attach(&mut t.bpf)
-            .map_err(|e| error::Error::bpf(format!("cannot attach raw tracepoint {event}: {e}")))?;
-    }
     let mut events = s.events(&t.bpf)?;
     let mut view = LatencyView::new(
         unit,

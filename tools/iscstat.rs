@@ -123,7 +123,7 @@ fn run(args: Args) -> Result<()> {
         ("FINE_HIST", fine.into()),
         ("WHO", false.into()),
     ];
-    values.extend(stages::issuer_values(&s.kernel.release, false));
+    values.extend(stages::issuer_values(&s.kernel, args.filters.cgroup.is_some()));
     let Some(t) = stages::start(&s, &args.filters, templates::ISCSTAT, &values)? else {
         return Ok(());
     };

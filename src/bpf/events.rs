@@ -147,8 +147,8 @@ pub struct Command {
 pub enum Issuer {
     /// Not traced (isclatency without --issuer).
     NotTraced,
-    /// The submitting process: its pid (thread group) and name.
-    Known { pid: u32, comm: String },
+    /// The submitting process: its pid (thread group), name and cgroup v2 id.
+    Known { pid: u32, comm: String, cgroup: u64 },
     /// Traced, and not known: no bio of the command's request was seen
     /// starting a request (the kernel's own commands, passthrough, a
     /// request whose first bio was merged in front of it).
@@ -156,10 +156,10 @@ pub enum Issuer {
 }
 
 impl Issuer {
-    fn from_record(code: u8, pid: u32, comm: String) -> Option<Issuer> {
+    fn from_record(code: u8, pid: u32, comm: String, cgroup: u64) -> Option<Issuer> {
         match code {
             0 => Some(Issuer::NotTraced),
-            1 => Some(Issuer::Known { pid, comm }),
+            1 => Some(Issuer::Known { pid, comm, cgroup }),
             2 => Some(Issuer::Unknown),
             _ => None,
         }
@@ -178,20 +178,21 @@ impl Command {
     }
 
     /// sizeof(struct event) of isclatency.c (a test checks it).
-    pub const SIZE: usize = 144;
+    pub const SIZE: usize = 152;
 
     pub fn parse(data: &[u8]) -> Option<Command> {
         let mut r = Reader::new(data);
         let (ts_queue, wait, send, resp, total) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
         let (net, target) = (r.u64()?, r.u64()?);
-        let (lun, host, channel, id, sid, cid, pid, bytes, r2t) =
-            (r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+        let (lun, cgroup) = (r.u64()?, r.u64()?);
+        let (host, channel, id, sid, cid, pid, bytes, r2t) =
+            (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
         let retrans = r.u32()?;
         let result = r.i32()?;
         let (dir, opcode, split, issuer) = (Direction::from_code(r.u8()?), r.u8()?, r.u8()?, r.u8()?);
         let comm = r.cstr(16)?;
         let issuer_comm = r.cstr(16)?;
-        let issuer = Issuer::from_record(issuer, r.u32()?, issuer_comm)?;
+        let issuer = Issuer::from_record(issuer, r.u32()?, issuer_comm, cgroup)?;
         Some(Command {
             ts_queue,
             wait,
@@ -349,7 +350,14 @@ mod tests {
         let issuer_at = s.layout.field("issuer").offset;
         s.bytes[issuer_at] = 1;
         let c = Command::parse(&s.bytes).unwrap();
-        assert_eq!(c.issuer, Issuer::Known { pid: s.int("issuer_pid", 0) as u32, comm: s.string("issuer_comm") });
+        assert_eq!(
+            c.issuer,
+            Issuer::Known {
+                pid: s.int("issuer_pid", 0) as u32,
+                comm: s.string("issuer_comm"),
+                cgroup: s.int("issuer_cgroup", 0)
+            }
+        );
         assert!(s.int("split", 0) != 0 && s.int("retrans", 0) != RETX_UNKNOWN as u64);
         let (net, target) = c.split.unwrap();
         let got = [
@@ -382,7 +390,7 @@ mod tests {
         }
         assert_eq!(c.dir, Direction::from_code(s.int("dir", 0) as u8));
         assert_eq!(c.comm, s.string("comm"));
-        assert_eq!(s.layout.fields.len(), names.len() + 6, "every C field is decoded");
+        assert_eq!(s.layout.fields.len(), names.len() + 7, "every C field is decoded");
         let d = crate::bpf::layout::defines(templates::ISCSI_STAGES);
         for (code, name) in [(0u8, "ISSUER_NOT_TRACED"), (2, "ISSUER_UNKNOWN")] {
             assert_eq!(d.get(name).copied(), Some(code as usize), "{name}");

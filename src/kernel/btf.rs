@@ -28,6 +28,8 @@ pub const KIND_ARRAY: u32 = 3;
 pub const KIND_STRUCT: u32 = 4;
 pub const KIND_UNION: u32 = 5;
 pub const KIND_ENUM: u32 = 6;
+pub const KIND_TYPEDEF: u32 = 8;
+pub const KIND_FUNC_PROTO: u32 = 13;
 pub const KIND_ENUM64: u32 = 19;
 
 /// One type record, with its name resolved.
@@ -266,6 +268,19 @@ impl<'a> View<'a> {
         })
     }
 
+    /// The arguments raw tracepoint `name` passes (its BTF prototype
+    /// `btf_trace_<name>`, a pointer to a function whose first parameter,
+    /// `void *`, is the program's context and not one of them); None where
+    /// the BTF has no such typedef.
+    pub fn raw_tracepoint_args(&self, name: &str) -> Option<usize> {
+        let want = format!("btf_trace_{name}");
+        let id =
+            self.ids().find(|&i| self.get(i).is_some_and(|t| t.kind == KIND_TYPEDEF && t.name == want.as_bytes()))?;
+        let ptr = self.get(self.get(id)?.size_or_type)?;
+        let proto = self.get(ptr.size_or_type).filter(|_| ptr.kind == KIND_PTR)?;
+        (proto.kind == KIND_FUNC_PROTO).then(|| proto.vlen.saturating_sub(1))
+    }
+
     /// The members of a struct or union type.
     pub fn members(&self, id: u32) -> Vec<Member<'a>> {
         let Some(t) = self.get(id) else { return Vec::new() };
@@ -393,6 +408,37 @@ mod tests {
         let module = Btf::parse(&module, Some(&base)).unwrap();
         assert_eq!(module.find_func("iscsi_queuecommand"), Some(7));
         assert_eq!(module.find_func("submit_bio"), None);
+    }
+
+    #[test]
+    fn a_raw_tracepoints_arguments_come_from_its_prototype() {
+        // 1 ptr -> 2, 2 func_proto (void *, q, bio, rw), 3 typedef
+        // btf_trace_block_getrq -> 1, 4 typedef btf_trace_other -> 5 (int).
+        let (mut t, mut s) = (Vec::new(), vec![0u8]);
+        let name = |s: &mut Vec<u8>, n: &str| {
+            let off = s.len() as u32;
+            s.extend_from_slice(n.as_bytes());
+            s.push(0);
+            off
+        };
+        let getrq = name(&mut s, "btf_trace_block_getrq");
+        let other = name(&mut s, "btf_trace_other");
+        for (name_off, kind, vlen, sot) in [
+            (0, KIND_PTR, 0, 2),
+            (0, KIND_FUNC_PROTO, 4, 0),
+            (getrq, KIND_TYPEDEF, 0, 1),
+            (other, KIND_TYPEDEF, 0, 5),
+            (0, KIND_INT, 0, 4),
+        ] {
+            record(&mut t, name_off, kind, vlen);
+            let at = t.len() - 12 - kernel_extra(kind, vlen);
+            t[at + 8..at + 12].copy_from_slice(&u32::to_ne_bytes(sot));
+        }
+        let btf = Btf::parse(&wrap(&t, &s), None).unwrap();
+        let v = View { base: &btf, split: None };
+        assert_eq!(v.raw_tracepoint_args("block_getrq"), Some(3));
+        assert_eq!(v.raw_tracepoint_args("other"), None, "not a function pointer");
+        assert_eq!(v.raw_tracepoint_args("block_rq_issue"), None);
     }
 
     #[test]

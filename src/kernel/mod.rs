@@ -3,6 +3,7 @@
 //! their attach points from this, never from a version number.
 
 pub mod btf;
+pub mod cgroup;
 pub mod headers;
 pub mod ksyms;
 pub mod types;

@@ -5,6 +5,7 @@
 use crate::bpf::templates::Value;
 use crate::error::{Error, Result};
 use crate::iscsi::topology::Topology;
+use crate::kernel::cgroup::{self, CgroupFilter};
 use clap::Args;
 use regex::Regex;
 
@@ -38,6 +39,10 @@ pub struct Filters {
     /// Only commands dispatched by this process id
     #[arg(short = 'p', long = "pid", value_name = "PID")]
     pub pid: Option<u32>,
+    /// Only I/O issued by processes in this cgroup v2 or below it (a path
+    /// under /sys/fs/cgroup, or relative to it)
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
 }
 
 fn regex(flag: &str, s: &str) -> Result<Regex> {
@@ -85,7 +90,16 @@ impl Filters {
             } else {
                 0
             },
+            cgroup: self.cgroup.as_ref().map(|_| self.resolve_cgroup().unwrap_or(CgroupFilter { id: 0, level: 0 })),
         }
+    }
+
+    /// The --cgroup filter, against the cgroup v2 hierarchy of this machine.
+    fn resolve_cgroup(&self) -> Result<CgroupFilter> {
+        let arg = self.cgroup.as_deref().unwrap_or("");
+        let mount = cgroup::mount()
+            .ok_or_else(|| Error::filter(format!("--cgroup '{arg}': no cgroup v2 hierarchy is mounted")))?;
+        cgroup::resolve(&mount, arg)
     }
 
     pub fn any_session_filter(&self) -> bool {
@@ -148,6 +162,7 @@ impl Filters {
                 0
             },
             devices: None,
+            cgroup: self.cgroup.as_ref().map(|_| self.resolve_cgroup()).transpose()?,
         };
         if let Some(d) = &self.disk {
             let (s, l) = topo.disk(d).ok_or_else(|| none(format!("--disk {d}")))?;
@@ -175,6 +190,8 @@ pub struct KernelFilter {
     pub pid: Option<u32>,
     /// 0 all, 1 reads, 2 writes
     pub dir: u8,
+    /// Only I/O issued from this cgroup or below it.
+    pub cgroup: Option<CgroupFilter>,
 }
 
 impl KernelFilter {
@@ -189,6 +206,9 @@ impl KernelFilter {
             ("FILTER_PID", self.pid.is_some().into()),
             ("PID", self.pid.unwrap_or(0).into()),
             ("FILTER_DIR", Value::Int(self.dir as i64)),
+            ("FILTER_CGROUP", self.cgroup.is_some().into()),
+            ("CGROUP_ID", self.cgroup.map_or(0, |c| c.id).into()),
+            ("CGROUP_LEVEL", self.cgroup.map_or(0, |c| c.level).into()),
         ]
     }
 
@@ -277,6 +297,12 @@ mod tests {
         assert!(v.contains(&("LUN", Value::Int(1))));
         assert!(v.contains(&("FILTER_DIR", Value::Int(2))));
         assert!(v.contains(&("FILTER_PID", Value::Bool(false))));
+        assert!(v.contains(&("FILTER_CGROUP", Value::Bool(false))));
+        let f = KernelFilter { cgroup: Some(CgroupFilter { id: 1 << 40, level: 3 }), ..Default::default() };
+        let v = f.values();
+        assert!(v.contains(&("FILTER_CGROUP", Value::Bool(true))));
+        assert!(v.contains(&("CGROUP_ID", Value::Int(1 << 40))));
+        assert!(v.contains(&("CGROUP_LEVEL", Value::Int(3))));
         assert_eq!(device_key(3, 1), (3u64 << 32) | 1);
     }
 }

@@ -5,6 +5,7 @@ use crate::bpf::events::{Command, Issuer};
 use crate::cli::json;
 use crate::cli::output::{push_decimal, Clock, Unit};
 use crate::iscsi::topology::{LiveTopology, Topology};
+use crate::kernel::cgroup::{self, CgroupPaths};
 use crate::stages::StagePlan;
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -43,6 +44,8 @@ pub struct LatencyView {
     pub have_rx: bool,
     pub clock: Clock,
     pub topo: LiveTopology,
+    /// The issuers' cgroup paths (JSON).
+    pub cgroups: CgroupPaths,
 }
 
 impl LatencyView {
@@ -63,6 +66,8 @@ impl LatencyView {
             have_r2t: plan.have_r2t,
             have_rx: plan.have_rx,
             clock,
+            // The machine's cgroups where the topology is the machine's.
+            cgroups: CgroupPaths::new(sysfs.is_some().then(cgroup::mount).flatten()),
             topo: LiveTopology::new(topo, sysfs),
         }
     }
@@ -176,10 +181,11 @@ impl LatencyView {
         let disk = self.topo.known_disk(c.host, c.channel, c.id, c.lun);
         let s = self.topo.session(c.sid);
         let traced = c.issuer != Issuer::NotTraced;
-        let (comm, pid) = match &c.issuer {
-            Issuer::Known { pid, comm } => (comm.as_str(), *pid),
-            _ => (c.comm.as_str(), c.pid),
+        let (comm, pid, cgroup) = match &c.issuer {
+            Issuer::Known { pid, comm, cgroup } => (comm.as_str(), *pid, Some(*cgroup)),
+            _ => (c.comm.as_str(), c.pid, None),
         };
+        let cgroup_path = cgroup.and_then(|id| self.cgroups.path(id).map(str::to_string));
         json::Object::new()
             .str("time", &self.time(c))
             .str("comm", comm)
@@ -209,6 +215,8 @@ impl LatencyView {
             .opt_bool("issuer", traced.then_some(matches!(c.issuer, Issuer::Known { .. })))
             .str("dispatch_comm", &c.comm)
             .num("dispatch_pid", c.pid)
+            .opt_num("cgroup_id", cgroup)
+            .opt_str("cgroup", cgroup_path.as_deref())
             .finish()
     }
 }
@@ -385,7 +393,8 @@ mod tests {
     fn comm_and_pid_are_the_issuer_where_traced_and_known() {
         let mut v = view(true, false, false);
         let dispatched = Command { comm: "kworker/1:1H".into(), pid: 120, ..cmd(0) };
-        let known = Command { issuer: Issuer::Known { pid: 4242, comm: "fio".into() }, ..dispatched.clone() };
+        let known =
+            Command { issuer: Issuer::Known { pid: 4242, comm: "fio".into(), cgroup: 7 }, ..dispatched.clone() };
         let unknown = Command { issuer: Issuer::Unknown, ..dispatched.clone() };
         let long = Command { comm: "kworker/u16:10H".into(), issuer: Issuer::Unknown, ..dispatched.clone() };
         let shown = |v: &mut LatencyView, c: &Command| {
@@ -406,11 +415,22 @@ mod tests {
             r#""issuer":true"#,
             r#""dispatch_comm":"kworker/1:1H""#,
             r#""dispatch_pid":120"#,
+            r#""cgroup_id":7"#,
+            r#""cgroup":null"#,
         ] {
             assert!(j.contains(&kv.to_string()), "{kv} in {j:?}");
         }
+        // A cgroup that exists has its path, relative to the mount.
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("app.slice/job")).unwrap();
+        let id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(t.path().join("app.slice/job")).unwrap());
+        v.cgroups = CgroupPaths::new(Some(t.path().to_path_buf()));
+        let in_job =
+            Command { issuer: Issuer::Known { pid: 4242, comm: "fio".into(), cgroup: id }, ..dispatched.clone() };
+        assert!(json(&mut v, &in_job).contains(&r#""cgroup":"/app.slice/job""#.to_string()));
         let j = json(&mut v, &unknown);
         assert!(j.contains(&r#""comm":"kworker/1:1H""#.to_string()) && j.contains(&r#""issuer":false"#.to_string()));
+        assert!(j.contains(&r#""cgroup_id":null"#.to_string()));
         let j = json(&mut v, &dispatched);
         assert!(j.contains(&r#""pid":120"#.to_string()) && j.contains(&r#""issuer":null"#.to_string()), "{j:?}");
     }

@@ -40,14 +40,44 @@ pub const RX: &str = "iscsi_itt_to_ctask";
 /// (bpf_templates/iscsi_stages.c ISSUER): it runs in the submitting task.
 pub const ISSUER_TRACEPOINT: (&str, &str) = ("block", "block_getrq");
 
-/// The template's values for the issuer: `on` (isclatency --issuer), and
-/// which argument of block_getrq is the bio on this kernel (`release`, as
-/// uname -r): (q, bio, rw) before 5.11, (bio) since.
-pub fn issuer_values(release: &str, on: bool) -> [(&'static str, Value); 2] {
+/// The template's values for the issuer: `on` (isclatency -I, or a
+/// --cgroup filter), and which argument of block_getrq is the bio.
+pub fn issuer_values(kernel: &Kernel, on: bool) -> [(&'static str, Value); 2] {
+    let bio_arg = if on { getrq_bio_arg(kernel) } else { 0 };
+    [("ISSUER", on.into()), ("GETRQ_BIO_ARG", bio_arg.into())]
+}
+
+/// block_getrq passes (q, bio, rw) before 5.11, (bio) since: read from its
+/// BTF prototype, else (no vmlinux BTF) from the release.
+fn getrq_bio_arg(kernel: &Kernel) -> u64 {
+    let btf = crate::kernel::btf::Loaded::open(&kernel.btf_dir).ok();
+    let view = btf.as_ref().map(|l| crate::kernel::btf::View { base: &l.vmlinux, split: None });
+    match view.and_then(|v| v.raw_tracepoint_args(ISSUER_TRACEPOINT.1)) {
+        Some(n) => u64::from(n >= 3),
+        None => getrq_bio_arg_by_release(&kernel.release),
+    }
+}
+
+fn getrq_bio_arg_by_release(release: &str) -> u64 {
     let mut v = release.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().unwrap_or(0));
     let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
-    let bio_arg = u64::from((major, minor) < (5, 11) && major > 0);
-    [("ISSUER", on.into()), ("GETRQ_BIO_ARG", bio_arg.into())]
+    u64::from((major, minor) < (5, 11) && major > 0)
+}
+
+/// Attach the issuer's program where the tool's values ask for it.
+fn attach_issuer(kernel: &Kernel, bpf: &mut bcc::BPF, tool_values: &[(&'static str, Value)]) -> Result<()> {
+    if !tool_values.contains(&("ISSUER", Value::Bool(true))) {
+        return Ok(());
+    }
+    let (system, event) = ISSUER_TRACEPOINT;
+    if !kernel.has_tracepoint(system, event) {
+        return Err(Error::missing_probe("the process that issued a request (-I, --cgroup)", &[event]));
+    }
+    bcc::RawTracepoint::new()
+        .handler("issuer_getrq")
+        .tracepoint(event)
+        .attach(bpf)
+        .map_err(|e| Error::bpf(format!("cannot attach raw tracepoint {system}:{event}: {e}")))
 }
 
 /// What the running kernel lets us measure.
@@ -480,6 +510,7 @@ pub fn start_tracing(
         (bpf, links) = s.try_load(&program(&plan, Targets::default())?, |bpf| filter.load_sets(bpf))?;
     }
     let links = links?;
+    attach_issuer(kernel, &mut bpf, tool_values)?;
     Ok(Tracing { topo, plan, filter, bpf, links })
 }
 
@@ -620,7 +651,6 @@ mod tests {
 
     #[test]
     fn block_getrq_takes_the_bio_first_since_5_11() {
-        let arg = |r: &str| issuer_values(r, true)[1].1;
         for (release, want) in [
             ("5.10.0-46-amd64", 1u64),
             ("4.19.0-27-amd64", 1),
@@ -629,7 +659,7 @@ mod tests {
             ("7.3.4", 0),
             ("", 0),
         ] {
-            assert_eq!(arg(release), Value::from(want), "{release}");
+            assert_eq!(getrq_bio_arg_by_release(release), want, "{release}");
         }
     }
 
@@ -671,6 +701,7 @@ mod tests {
                 cid: Some(0),
                 pid: Some(9),
                 dir: 2,
+                cgroup: Some(crate::kernel::cgroup::CgroupFilter { id: 4242, level: 2 }),
             },
         ];
         let mut tools: [(&str, Vec<(&'static str, Value)>); 4] = [
@@ -698,7 +729,7 @@ mod tests {
             ),
         ];
         for (i, (_, values)) in tools.iter_mut().enumerate() {
-            values.extend(issuer_values(if i == 1 { "5.10.0-46-amd64" } else { "6.1.0-57-amd64" }, i == 1));
+            values.extend([("ISSUER", (i == 1).into()), ("GETRQ_BIO_ARG", u64::from(i == 1).into())]);
         }
         let mut rendered = 0;
         for scsi in [ScsiLayout::modern(), OLD] {
@@ -718,6 +749,7 @@ mod tests {
                                 for p in &plan.probes {
                                     assert!(c.contains(&format!("int {}(", p.handler)), "{} missing", p.handler);
                                 }
+                                assert!(c.contains(&format!("#define FILTER_CGROUP {}\n", f.cgroup.is_some() as u8)));
                                 let issuer = values.contains(&("ISSUER", Value::Bool(true)));
                                 assert!(c.contains(&format!("#define ISSUER {}\n", issuer as u8)));
                                 assert!(c.contains(&format!("#define GETRQ_BIO_ARG {}LL\n", issuer as u8)));

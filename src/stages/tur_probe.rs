@@ -34,9 +34,9 @@ impl TurFlag {
         if secs == 0 || secs > 3600 {
             return Err(Error::usage("--tur must be 1 to 3600 seconds"));
         }
-        if f.reads || f.writes || f.pid.is_some() {
+        if f.reads || f.writes || f.pid.is_some() || f.cgroup.is_some() {
             return Err(Error::usage(
-                "--tur cannot be used with -r, -w or -p: they drop its TEST UNIT READYs in the kernel",
+                "--tur cannot be used with -r, -w, -p or --cgroup: they drop its TEST UNIT READYs in the kernel",
             ));
         }
         Ok(Some(Duration::from_secs(secs)))

@@ -1,0 +1,153 @@
+//! cgroup v2: a path given by the user turned into what BPF compares (the
+//! cgroup's id and its depth), and ids seen by BPF turned back into paths.
+//! A cgroup's id is its directory's inode number in the cgroup2 file
+//! system (kernfs node ids, 64-bit and never reused, since 5.5 on 64-bit
+//! machines), which `bpf_get_current_cgroup_id` returns.
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on a hybrid host), from a mounts table.
+pub fn cgroup2_mount(mounts: &str) -> Option<PathBuf> {
+    mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 2 && f[2] == "cgroup2").then(|| PathBuf::from(f[1].replace("\\040", " ")))
+    })
+}
+
+/// The cgroup v2 mount of this machine.
+pub fn mount() -> Option<PathBuf> {
+    cgroup2_mount(&std::fs::read_to_string("/proc/self/mounts").unwrap_or_default())
+}
+
+/// A cgroup to filter on: its id and its level (the root is level 0, each
+/// step down one more), as `bpf_get_current_ancestor_cgroup_id` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupFilter {
+    pub id: u64,
+    pub level: u32,
+}
+
+/// `--cgroup ARG` under the hierarchy mounted at `mount`: a path under the
+/// mount (`/sys/fs/cgroup/system.slice`), or one relative to it
+/// (`system.slice`, `/system.slice`), naming a cgroup directory.
+pub fn resolve(mount: &Path, arg: &str) -> Result<CgroupFilter> {
+    let bad = |why: &str| Error::filter(format!("--cgroup '{arg}': {why}"));
+    let p = Path::new(arg);
+    let rel = match p.strip_prefix(mount) {
+        Ok(r) => r.to_path_buf(),
+        Err(_) => p.components().filter(|c| !matches!(c, Component::RootDir)).collect(),
+    };
+    if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(bad("give the cgroup's path without '.' or '..'"));
+    }
+    let dir = mount.join(&rel);
+    let meta = std::fs::metadata(&dir).map_err(|e| bad(&format!("{}: {e}", dir.display())))?;
+    if !meta.is_dir() || !dir.join("cgroup.procs").exists() {
+        return Err(bad(&format!("{} is not a cgroup v2 directory", dir.display())));
+    }
+    Ok(CgroupFilter { id: meta.ino(), level: rel.components().count() as u32 })
+}
+
+/// cgroup ids to paths (relative to the mount, with a leading '/'), read
+/// from the cgroup2 file system when an id is first seen and kept: ids are
+/// never reused, so a path found stays that id's; an id not found (a cgroup
+/// removed before it was looked up) stays unknown and is shown by its id.
+#[derive(Debug, Default)]
+pub struct CgroupPaths {
+    mount: Option<PathBuf>,
+    known: HashMap<u64, Option<String>>,
+}
+
+impl CgroupPaths {
+    pub fn new(mount: Option<PathBuf>) -> CgroupPaths {
+        CgroupPaths { mount, known: HashMap::new() }
+    }
+
+    /// The path of cgroup `id`, or None when it cannot be found.
+    pub fn path(&mut self, id: u64) -> Option<&str> {
+        if !self.known.contains_key(&id) {
+            if let Some(m) = &self.mount {
+                let mut found = Vec::new();
+                walk(m, m, &mut found);
+                for (i, p) in found {
+                    self.known.entry(i).or_insert(Some(p));
+                }
+            }
+            self.known.entry(id).or_insert(None);
+        }
+        self.known.get(&id).and_then(|p| p.as_deref())
+    }
+}
+
+/// Every cgroup directory under `dir`: (id, path relative to `root`).
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(u64, String)>) {
+    let Ok(meta) = std::fs::metadata(dir) else { return };
+    let rel = dir.strip_prefix(root).map(|r| format!("/{}", r.display())).unwrap_or_default();
+    out.push((meta.ino(), rel));
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            walk(root, &e.path(), out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree() -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        for d in ["", "system.slice", "system.slice/a.service"] {
+            std::fs::create_dir_all(t.path().join(d)).unwrap();
+            std::fs::write(t.path().join(d).join("cgroup.procs"), "").unwrap();
+        }
+        std::fs::create_dir_all(t.path().join("plain")).unwrap();
+        t
+    }
+
+    #[test]
+    fn the_cgroup2_mount_is_found_in_the_mounts_table() {
+        let m = "sysfs /sys sysfs rw 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid 0 0\n";
+        assert_eq!(cgroup2_mount(m), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(cgroup2_mount("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n"), None);
+    }
+
+    #[test]
+    fn a_cgroup_is_named_under_the_mount_or_relative_to_it() {
+        let t = tree();
+        let m = t.path();
+        let ino = |d: &str| std::fs::metadata(m.join(d)).unwrap().ino();
+        let full = m.join("system.slice/a.service");
+        for arg in [full.to_str().unwrap(), "system.slice/a.service", "/system.slice/a.service"] {
+            assert_eq!(resolve(m, arg).unwrap(), CgroupFilter { id: ino("system.slice/a.service"), level: 2 }, "{arg}");
+        }
+        assert_eq!(resolve(m, "/").unwrap(), CgroupFilter { id: ino(""), level: 0 });
+        for (arg, why) in [
+            ("nosuch", "No such file"),
+            ("plain", "is not a cgroup v2 directory"),
+            ("system.slice/../plain", "without '.' or '..'"),
+        ] {
+            let e = resolve(m, arg).unwrap_err();
+            assert!(e.to_string().starts_with(&format!("--cgroup '{arg}': ")) && e.to_string().contains(why), "{e}");
+            assert_eq!(e.exit_code(), 2);
+            assert!(!e.to_string().contains('\n'));
+        }
+    }
+
+    #[test]
+    fn ids_become_paths_and_a_removed_cgroup_stays_unknown() {
+        let t = tree();
+        let m = t.path();
+        let id = std::fs::metadata(m.join("system.slice/a.service")).unwrap().ino();
+        let mut p = CgroupPaths::new(Some(m.to_path_buf()));
+        assert_eq!(p.path(id), Some("/system.slice/a.service"));
+        assert_eq!(p.path(std::fs::metadata(m).unwrap().ino()), Some("/"));
+        assert_eq!(p.path(u64::MAX), None);
+        assert_eq!(CgroupPaths::new(None).path(id), None);
+    }
+}
