@@ -96,11 +96,9 @@
 #define FILTER_CID_VALUE {{CID}}
 #define FILTER_PID {{FILTER_PID}}
 #define FILTER_PID_VALUE {{PID}}
-/* Only I/O issued from cgroup v2 CGROUP_ID or below it (CGROUP_LEVEL: its
- * depth, the root's 0): told where the issuer is seen (needs ISSUER). */
+/* Only I/O issued from a cgroup v2 or below it (the cgroup array's slot 0,
+ * filled from user space): told where the issuer is seen (needs ISSUER). */
 #define FILTER_CGROUP {{FILTER_CGROUP}}
-#define CGROUP_ID {{CGROUP_ID}}
-#define CGROUP_LEVEL {{CGROUP_LEVEL}}
 /* 0: all, 1: reads only, 2: writes only */
 #define FILTER_DIR {{FILTER_DIR}}
 #define HAVE_SENT {{HAVE_SENT}}
@@ -235,13 +233,16 @@ struct issuer {
     u64 sector;
     u64 cgroup;    /* the task's cgroup v2 id */
     u32 pid;
-    u32 in_cgroup; /* FILTER_CGROUP: the task is in CGROUP_ID or below */
+    u32 in_cgroup; /* FILTER_CGROUP: the task is in the cgroup or below */
     char comm[TASK_COMM_LEN];
 };
 /* Keyed by struct bio *; bios come back at the same addresses, so an entry
  * is rewritten in place more often than inserted. Bios of every block
  * device pass here; the least recently used give way. */
 BPF_TABLE("lru_hash", u64, struct issuer, issuer_by_bio, 16384);
+#if FILTER_CGROUP
+BPF_CGROUP_ARRAY(cgroup_filter, 1);
+#endif
 
 int issuer_getrq(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -251,7 +252,7 @@ int issuer_getrq(struct bpf_raw_tracepoint_args *ctx)
     v.pid = bpf_get_current_pid_tgid() >> 32;
     v.cgroup = bpf_get_current_cgroup_id();
 #if FILTER_CGROUP
-    v.in_cgroup = bpf_get_current_ancestor_cgroup_id(CGROUP_LEVEL) == CGROUP_ID;
+    v.in_cgroup = cgroup_filter.check_current_task(0) == 1;
 #endif
     bpf_get_current_comm(&v.comm, sizeof(v.comm));
     struct issuer *old = issuer_by_bio.lookup(&bio);

@@ -1,5 +1,6 @@
-//! cgroup v2: a path given by the user turned into what BPF compares (the
-//! cgroup's id and its depth), and ids seen by BPF turned back into paths.
+//! cgroup v2: a path given by the user checked to be a cgroup (BPF tests a
+//! task against it through a cgroup array holding its directory), and ids
+//! seen by BPF turned back into paths.
 //! A cgroup's id is its directory's inode number in the cgroup2 file
 //! system (kernfs node ids, 64-bit and never reused, since 5.5 on 64-bit
 //! machines), which `bpf_get_current_cgroup_id` returns.
@@ -23,12 +24,11 @@ pub fn mount() -> Option<PathBuf> {
     cgroup2_mount(&std::fs::read_to_string("/proc/self/mounts").unwrap_or_default())
 }
 
-/// A cgroup to filter on: its id and its level (the root is level 0, each
-/// step down one more), as `bpf_get_current_ancestor_cgroup_id` takes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A cgroup to filter on: its directory in the cgroup2 file system, whose
+/// open file is what `bpf_current_task_under_cgroup`'s array holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupFilter {
-    pub id: u64,
-    pub level: u32,
+    pub dir: PathBuf,
 }
 
 /// `--cgroup ARG` under the hierarchy mounted at `mount`: a path under the
@@ -49,7 +49,7 @@ pub fn resolve(mount: &Path, arg: &str) -> Result<CgroupFilter> {
     if !meta.is_dir() || !dir.join("cgroup.procs").exists() {
         return Err(bad(&format!("{} is not a cgroup v2 directory", dir.display())));
     }
-    Ok(CgroupFilter { id: meta.ino(), level: rel.components().count() as u32 })
+    Ok(CgroupFilter { dir })
 }
 
 /// cgroup ids to paths (relative to the mount, with a leading '/'), read
@@ -121,12 +121,11 @@ mod tests {
     fn a_cgroup_is_named_under_the_mount_or_relative_to_it() {
         let t = tree();
         let m = t.path();
-        let ino = |d: &str| std::fs::metadata(m.join(d)).unwrap().ino();
         let full = m.join("system.slice/a.service");
         for arg in [full.to_str().unwrap(), "system.slice/a.service", "/system.slice/a.service"] {
-            assert_eq!(resolve(m, arg).unwrap(), CgroupFilter { id: ino("system.slice/a.service"), level: 2 }, "{arg}");
+            assert_eq!(resolve(m, arg).unwrap(), CgroupFilter { dir: full.clone() }, "{arg}");
         }
-        assert_eq!(resolve(m, "/").unwrap(), CgroupFilter { id: ino(""), level: 0 });
+        assert_eq!(resolve(m, "/").unwrap(), CgroupFilter { dir: m.to_path_buf() });
         for (arg, why) in [
             ("nosuch", "No such file"),
             ("plain", "is not a cgroup v2 directory"),

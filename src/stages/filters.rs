@@ -90,7 +90,7 @@ impl Filters {
             } else {
                 0
             },
-            cgroup: self.cgroup.as_ref().map(|_| self.resolve_cgroup().unwrap_or(CgroupFilter { id: 0, level: 0 })),
+            cgroup: self.cgroup.as_ref().map(|c| self.resolve_cgroup().unwrap_or(CgroupFilter { dir: c.into() })),
         }
     }
 
@@ -207,8 +207,6 @@ impl KernelFilter {
             ("PID", self.pid.unwrap_or(0).into()),
             ("FILTER_DIR", Value::Int(self.dir as i64)),
             ("FILTER_CGROUP", self.cgroup.is_some().into()),
-            ("CGROUP_ID", self.cgroup.map_or(0, |c| c.id).into()),
-            ("CGROUP_LEVEL", self.cgroup.map_or(0, |c| c.level).into()),
         ]
     }
 
@@ -221,6 +219,15 @@ impl KernelFilter {
         if let Some(devs) = &self.devices {
             let mut t = bpf.table("dev_filter")?;
             crate::bpf::maps::fill_set(&mut t, devs, |d: u64| d.to_ne_bytes().to_vec())?;
+        }
+        if let Some(c) = &self.cgroup {
+            // The array keeps the cgroup; the file can close after.
+            let dir = std::fs::File::open(&c.dir)
+                .map_err(|e| Error::filter(format!("--cgroup: {}: {e}", c.dir.display())))?;
+            let mut t = bpf.table("cgroup_filter")?;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&dir) as u32;
+            t.set(&mut 0u32.to_ne_bytes(), &mut fd.to_ne_bytes())
+                .map_err(|e| Error::bpf(format!("cannot fill the cgroup filter: {e}")))?;
         }
         Ok(())
     }
@@ -298,11 +305,8 @@ mod tests {
         assert!(v.contains(&("FILTER_DIR", Value::Int(2))));
         assert!(v.contains(&("FILTER_PID", Value::Bool(false))));
         assert!(v.contains(&("FILTER_CGROUP", Value::Bool(false))));
-        let f = KernelFilter { cgroup: Some(CgroupFilter { id: 1 << 40, level: 3 }), ..Default::default() };
-        let v = f.values();
-        assert!(v.contains(&("FILTER_CGROUP", Value::Bool(true))));
-        assert!(v.contains(&("CGROUP_ID", Value::Int(1 << 40))));
-        assert!(v.contains(&("CGROUP_LEVEL", Value::Int(3))));
+        let f = KernelFilter { cgroup: Some(CgroupFilter { dir: "/sys/fs/cgroup/a".into() }), ..Default::default() };
+        assert!(f.values().contains(&("FILTER_CGROUP", Value::Bool(true))));
         assert_eq!(device_key(3, 1), (3u64 << 32) | 1);
     }
 }

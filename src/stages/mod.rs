@@ -701,7 +701,7 @@ mod tests {
                 cid: Some(0),
                 pid: Some(9),
                 dir: 2,
-                cgroup: Some(crate::kernel::cgroup::CgroupFilter { id: 4242, level: 2 }),
+                cgroup: Some(crate::kernel::cgroup::CgroupFilter { dir: "/sys/fs/cgroup/a".into() }),
             },
         ];
         let mut tools: [(&str, Vec<(&'static str, Value)>); 4] = [
