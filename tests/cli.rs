@@ -65,6 +65,21 @@ fn buffer_pages_must_be_a_power_of_two() {
 }
 
 #[test]
+fn issuer_and_cgroup_flags() {
+    isclatency_error(&isclatency(&["--cgroup", "system.slice", "--tur", "1"], &[]), 2, "--tur cannot be used with");
+    let out = isclatency(&["--ebpf", "-I"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("#define ISSUER 1\n") && text.contains("int issuer_getrq("),
+        "-I compiles the issuer's program"
+    );
+    assert!(text.contains("#define FILTER_CGROUP 0\n"));
+    let out = isclatency(&["--ebpf"], &[]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("#define ISSUER 0\n"), "no issuer without -I");
+}
+
+#[test]
 fn zero_duration() {
     isclatency_error(&isclatency(&["--duration", "0"], &[]), 2, "--duration must be at least 1 second");
 }
