@@ -59,8 +59,8 @@ struct Args {
     #[arg(short = 'e', long)]
     extended: bool,
     /// COMM and PID: the process that submitted the I/O, not the context that
-    /// dispatched it to the driver (marked [comm] where not known); one more
-    /// program run per command
+    /// dispatched it to the driver (marked [comm] where not known); with -W or
+    /// -e a CGROUP column; one more program run per command
     #[arg(short = 'I', long)]
     issuer: bool,
     #[command(flatten)]
@@ -77,13 +77,14 @@ fn run(args: Args) -> Result<()> {
     let tur_every = args.tur.interval(&args.filters)?;
     let mut s = Startup::new("isclatency", &args.common)?;
     s.event_pages = args.buffer.pages()?;
+    let issuer = args.issuer || args.filters.cgroup.is_some();
     let mut values = vec![("MIN_US", min_us.into()), ("WHO", true.into())];
-    values.extend(stages::issuer_values(&s.kernel, args.issuer || args.filters.cgroup.is_some()));
+    values.extend(stages::issuer_values(&s.kernel, issuer));
     let Some(t) = stages::start(&s, &args.filters, templates::ISCLATENCY, &values)? else {
         return Ok(());
     };
     let mut events = s.events(&t.bpf)?;
-    let mut view = LatencyView::new(
+    let view = LatencyView::new(
         unit,
         args.common.timestamp,
         Columns::from_flags(args.wide, args.extended),
@@ -92,6 +93,7 @@ fn run(args: Args) -> Result<()> {
         t.topo.clone(),
         Some("/sys".into()),
     );
+    let mut view = if issuer && (args.wide || args.extended) { view.with_cgroup_column() } else { view };
     let what = if min_us == 0 {
         "all iSCSI commands".to_string()
     } else {

@@ -69,6 +69,17 @@ impl CgroupPaths {
 
     /// The path of cgroup `id`, or None when it cannot be found.
     pub fn path(&mut self, id: u64) -> Option<&str> {
+        self.look_up(id);
+        self.known(id)
+    }
+
+    /// The path of cgroup `id` if [`Self::look_up`] found it.
+    pub fn known(&self, id: u64) -> Option<&str> {
+        self.known.get(&id).and_then(|p| p.as_deref())
+    }
+
+    /// Find cgroup `id`'s path, once.
+    pub fn look_up(&mut self, id: u64) {
         if !self.known.contains_key(&id) {
             if let Some(m) = &self.mount {
                 let mut found = Vec::new();
@@ -79,7 +90,6 @@ impl CgroupPaths {
             }
             self.known.entry(id).or_insert(None);
         }
-        self.known.get(&id).and_then(|p| p.as_deref())
     }
 }
 

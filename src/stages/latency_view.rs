@@ -72,6 +72,13 @@ impl LatencyView {
         }
     }
 
+    /// A last column, CGROUP: the issuer's cgroup path (isclatency -I with
+    /// -W or -e).
+    pub fn with_cgroup_column(mut self) -> LatencyView {
+        self.cols.push(Column::left(Field::Cgroup, "CGROUP", 0));
+        self
+    }
+
     fn time(&self, c: &Command) -> String {
         self.clock.time(c.ts_queue + c.total, self.timestamp)
     }
@@ -96,6 +103,9 @@ impl LatencyView {
     /// goes straight into it and is padded there, so a reused `line` makes
     /// no allocation per command.
     pub fn write_row(&mut self, line: &mut String, c: &Command) {
+        if let Issuer::Known { cgroup, .. } = c.issuer {
+            self.cgroups.look_up(cgroup);
+        }
         self.topo.learn(c.host, c.channel, c.id, c.lun);
         let disk = self.topo.known_disk(c.host, c.channel, c.id, c.lun);
         line.clear();
@@ -169,6 +179,14 @@ impl LatencyView {
             Field::TargetName => write!(out, "{}", session().map_or("?", |s| s.target.as_str())),
             Field::Initiator => write!(out, "{}", session().map_or("?", |s| s.initiator.as_str())),
             Field::Portal => write!(out, "{}", session().map_or_else(|| "?".to_string(), |s| s.portal())),
+            // The path, else (a cgroup gone before it was looked up) the id.
+            Field::Cgroup => match c.issuer {
+                Issuer::Known { cgroup, .. } => match self.cgroups.known(cgroup) {
+                    Some(p) => write!(out, "{p}"),
+                    None => write!(out, "{cgroup}"),
+                },
+                _ => write!(out, "-"),
+            },
         };
     }
 
@@ -247,6 +265,7 @@ enum Field {
     TargetName,
     Initiator,
     Portal,
+    Cgroup,
 }
 
 /// A column of isclatency's text output: what it shows, its header, its
@@ -431,6 +450,15 @@ mod tests {
         let j = json(&mut v, &unknown);
         assert!(j.contains(&r#""comm":"kworker/1:1H""#.to_string()) && j.contains(&r#""issuer":false"#.to_string()));
         assert!(j.contains(&r#""cgroup_id":null"#.to_string()));
+        // The CGROUP column (-I with -W): the path, the id of a cgroup not
+        // found, - where the issuer is not known.
+        let mut w = view(true, true, false).with_cgroup_column();
+        w.cgroups = CgroupPaths::new(Some(t.path().to_path_buf()));
+        assert_eq!(cells(&w.header()).last().unwrap(), "CGROUP");
+        for (c, want) in [(&in_job, "/app.slice/job"), (&known, "7"), (&unknown, "-")] {
+            let line = w.row(c);
+            assert_eq!(cell(&w, &line, "CGROUP"), want, "{line}");
+        }
         let j = json(&mut v, &dispatched);
         assert!(j.contains(&r#""pid":120"#.to_string()) && j.contains(&r#""issuer":null"#.to_string()), "{j:?}");
     }
