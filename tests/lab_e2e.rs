@@ -246,7 +246,7 @@ fn cgroup_filter_keeps_exactly_its_cgroups_io() {
 }
 
 /// A full event buffer loses events and counts each one: isclatency with a
-/// one-page buffer (-b 1, 26 events) is stopped (SIGSTOP) while fio
+/// one-page buffer (-b 1, 25 events) is stopped (SIGSTOP) while fio
 /// runs 1000 I/Os on its disk, then continued. The commands shown and the
 /// events lost add up to fio's count exactly, there are some of each, and
 /// the exit summary says how many did not fit and to raise -b.

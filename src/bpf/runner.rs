@@ -135,7 +135,7 @@ pub struct EventBuffer {
 }
 
 impl EventBuffer {
-    /// 1 MiB: 6898 of isclatency's events (144 bytes and the ring buffer's 8-byte header each).
+    /// 1 MiB: 6553 of isclatency's events (152 bytes and the ring buffer's 8-byte header each).
     pub const DEFAULT_PAGES: u32 = 256;
     /// 256 MiB.
     pub const MAX_PAGES: u32 = 65536;
