@@ -14,6 +14,19 @@
 #define PROM {{PROM}}
 /* Fine histograms for percentiles and log2 histograms (-P, -H). */
 #define FINE_HIST {{FINE_HIST}}
+/* Rows per issuer's cgroup (--by-cgroup): at most CGROUP_ROWS cgroups get
+ * rows of their own, the first seen; the commands of any other cgroup go to
+ * the row of CGROUP_OTHER, and those with no issuer known (the kernel's own
+ * commands, flushes, front merges) to CGROUP_NOT_KNOWN. A cgroup's id is
+ * never 0 (the root's is 1) nor all ones. src/stages/stats.rs holds the
+ * same two values (a test checks). */
+#define PER_CGROUP {{PER_CGROUP}}
+#define CGROUP_ROWS {{CGROUP_ROWS}}
+#define CGROUP_NOT_KNOWN 0
+#define CGROUP_OTHER 0xffffffffffffffffULL
+#if PER_CGROUP && !ISSUER
+#error "rows per cgroup need the issuer (ISSUER)"
+#endif
 #define EPOCH_ROWS 0
 #define EPOCH_FINE 1
 /* Stage numbers of sum[], max[] and hist_key.stage; src/stages/stats.rs STAGES
@@ -34,6 +47,7 @@ struct row_key {
     u64 lun;
     u32 dir;
     u32 pad;
+    u64 cgroup;    /* PER_CGROUP: the issuer's cgroup id or CGROUP_*, else 0 */
 };
 
 struct row_val {
@@ -66,6 +80,24 @@ BPF_HASH(conns, struct conn_key, struct conn_tcp, 1024);
 BPF_PERCPU_HASH(rows, struct row_key, struct row_val, 4096);
 BPF_HASH(hists, struct hist_key, u64, 65536);
 BPF_HASH(prom, struct hist_key, u64, 16384);
+#if PER_CGROUP
+/* The cgroups that have rows: filled here, as they are first seen. */
+BPF_HASH(cgroup_rows, u64, u8, CGROUP_ROWS);
+
+static __always_inline u64 row_cgroup(struct inflight *f)
+{
+    if (f->issuer != ISSUER_KNOWN)
+        return CGROUP_NOT_KNOWN;
+    u64 id = f->issuer_cgroup;
+    u8 one = 1;
+    if (cgroup_rows.lookup(&id))
+        return id;
+    /* Full: E2BIG; taken by another CPU meanwhile: EEXIST, and it has it. */
+    if (cgroup_rows.insert(&id, &one) == 0 || cgroup_rows.lookup(&id))
+        return id;
+    return CGROUP_OTHER;
+}
+#endif
 
 static __always_inline u32 le_index(u64 ns)
 {
@@ -143,6 +175,9 @@ static __always_inline void on_command_done(void *ctx,
     k.host = f->host;
     k.lun = PER_LUN ? f->lun : 0;
     k.dir = PER_DIR ? f->dir : 0;
+#if PER_CGROUP
+    k.cgroup = row_cgroup(f);
+#endif
     struct row_val zv = {};
     struct row_val *v = rows.lookup_or_try_init(&k, &zv);
     if (!v) {

@@ -165,6 +165,14 @@ fn iscstat_ebpf_prints_the_program_without_root_or_iscsi() {
     assert!(!text.contains("{{"), "placeholder left in the program");
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "--ebpf writes no metrics and removes its write probe: {left:?}");
+
+    // --by-cgroup: rows keyed by the issuer's cgroup, at most N of them.
+    let out = iscstat_as_nobody(&["--ebpf", "--by-cgroup", "--cgroup-rows", "5"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in ["#define PER_CGROUP 1\n", "#define CGROUP_ROWS 5LL\n", "#define ISSUER 1\n", "int issuer_getrq("] {
+        assert!(text.contains(want), "--by-cgroup: {want:?} missing from the program");
+    }
 }
 
 #[test]
@@ -186,6 +194,9 @@ fn iscstat_bad_input() {
         (&["abc"][..], "invalid value 'abc'"),
         (&["--sid", "99"][..], "--sid 99 matches no iSCSI session"),
         (&["--target", "("][..], "bad regular expression"),
+        (&["--cgroup-rows", "4"][..], "--cgroup-rows needs --by-cgroup"),
+        (&["--by-cgroup", "--cgroup-rows", "0"][..], "0 is not in 1..=1024"),
+        (&["--by-cgroup", "--cgroup-rows", "9;x"][..], "invalid value '9;x'"),
     ] {
         let out = run(args);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -174,14 +174,17 @@ fn isclatency_exact_count_on_one_disk() {
     }
 }
 
-/// `--cgroup` keeps the I/O of processes in a cgroup or below it, and
-/// nothing else: two fio jobs on one disk at once, one in a cgroup below
-/// `lab-a` (made for the test), the other in `lab-b`; isclatency and iscstat
-/// with `--cgroup` of `lab-a` (named two ways) show and count exactly the
-/// first job's I/Os, and isclatency names their issuer and its cgroup.
+/// The issuer's cgroup, filtered and grouped: three fio jobs on one disk at
+/// once, in cgroups made for the test (`lab-a/job`, `lab-b`) and in the root
+/// cgroup, each with a number of I/Os the test chooses. isclatency and
+/// iscstat with `--cgroup` of `lab-a` (named two ways) show and count exactly
+/// the first job's I/Os, and isclatency names their issuer and its cgroup;
+/// `iscstat --by-cgroup --cgroup-rows 2` counts each job under its own
+/// cgroup, exactly, for the first two cgroups seen and under `other` for the
+/// third, in its JSON rows and in the Prometheus `cgroup` label alike.
 #[test]
 #[ignore = "needs the iSCSI lab VM: run tests/all"]
-fn cgroup_filter_keeps_exactly_its_cgroups_io() {
+fn cgroups_filter_and_group_exactly_their_io() {
     let lab = lab();
     quiet_disks(&lab);
     let d = &lab.disks[0];
@@ -191,9 +194,13 @@ fn cgroup_filter_keeps_exactly_its_cgroups_io() {
         std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
     }
     let a_full = a.display().to_string();
-    let [lat, stat]: [Traced; 2] = start_together(&[
+    let prom = std::env::temp_dir().join("lab-by-cgroup.prom");
+    let _ = std::fs::remove_file(&prom);
+    let prom_arg = prom.display().to_string();
+    let [lat, stat, by]: [Traced; 3] = start_together(&[
         ("isclatency", &["-u", "0", "--json", "--cgroup", "lab-a", "--disk", d]),
         ("iscstat", &["1", "--json", "--cgroup", &a_full, "--disk", d]),
+        ("iscstat", &["1", "--json", "--by-cgroup", "--cgroup-rows", "2", "--prom-file", &prom_arg, "--disk", d]),
     ])
     .try_into()
     .ok()
@@ -211,23 +218,53 @@ fn cgroup_filter_keeps_exactly_its_cgroups_io() {
             .stderr(std::process::Stdio::piped());
         c.spawn().unwrap()
     };
-    let (job_a, job_b) = (in_cgroup(&a_job, 700), in_cgroup(&b, 500));
+    let (job_a, job_b, job_root) = (in_cgroup(&a_job, 700), in_cgroup(&b, 500), in_cgroup(&mount, 300));
     let pid_a = job_a.id() as u64;
-    let (fa, fb) = (fio_result(job_a.wait_with_output().unwrap()), fio_result(job_b.wait_with_output().unwrap()));
+    let (fa, fb, froot) = (
+        fio_result(job_a.wait_with_output().unwrap()),
+        fio_result(job_b.wait_with_output().unwrap()),
+        fio_result(job_root.wait_with_output().unwrap()),
+    );
     std::thread::sleep(Duration::from_millis(1500));
-    let (lat, stat) = (lat.stop(), stat.stop());
+    let (lat, stat, by) = (lat.stop(), stat.stop(), by.stop());
     for dir in [&a_job, &a, &b] {
         let _ = std::fs::remove_dir(dir);
     }
-    assert!(lat.status.success() && stat.status.success(), "{}\n{}", lat.stderr, stat.stderr);
+    assert!(
+        lat.status.success() && stat.status.success() && by.status.success(),
+        "{}\n{}\n{}",
+        lat.stderr,
+        stat.stderr,
+        by.stderr
+    );
     let cmds = lat.json();
     let counted: u64 = stat.json().iter().map(|r| r.u64("count")).sum();
+    // iscstat --by-cgroup: commands per cgroup ("-": no issuer known).
+    let mut rows: BTreeMap<String, u64> = BTreeMap::new();
+    for r in by.json() {
+        let name = r["cgroup"].as_str().unwrap_or("-").to_string();
+        if name != "-" && name != "other" {
+            assert!(r["cgroup_id"].is_u64(), "a named cgroup's row has its id: {r}");
+        }
+        *rows.entry(name).or_default() += r.u64("count");
+    }
+    // Its Prometheus textfile: iscsi_commands_total per cgroup label.
+    let text = std::fs::read_to_string(&prom).unwrap_or_else(|e| panic!("{}: {e}", prom.display()));
+    let mut series: BTreeMap<String, u64> = BTreeMap::new();
+    for l in text.lines().filter(|l| l.starts_with("iscsi_commands_total{")) {
+        let label = l.split("cgroup=\"").nth(1).and_then(|r| r.split('"').next()).expect("a cgroup label");
+        *series.entry(label.to_string()).or_default() += l.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
+    }
     println!(
-        "fio in lab-a/job: {} I/Os, in lab-b: {}; isclatency --cgroup lab-a: {} shown; iscstat: {counted} counted ({} not)",
+        "fio in lab-a/job: {} I/Os, in lab-b: {}, in the root: {}; isclatency --cgroup lab-a: {} shown; \
+         iscstat --cgroup: {counted} counted ({} not); iscstat --by-cgroup --cgroup-rows 2: {rows:?} ({} not), \
+         Prometheus {series:?}",
         fa.ios(),
         fb.ios(),
+        froot.ios(),
         cmds.len(),
-        stat.untimed()
+        stat.untimed(),
+        by.untimed()
     );
     assert_eq!(cmds.len() as u64, fa.ios(), "isclatency --cgroup: exactly the cgroup's I/Os");
     for c in &cmds {
@@ -243,6 +280,23 @@ fn cgroup_filter_keeps_exactly_its_cgroups_io() {
         fa.ios(),
         stat.untimed()
     );
+    // Two cgroups have rows of their own; the third job's I/Os are `other`.
+    assert_eq!(by.untimed(), 0, "{}", by.stderr);
+    let jobs = [("/lab-a/job", fa.ios()), ("/lab-b", fb.ios()), ("/", froot.ios())];
+    let named: Vec<&(&str, u64)> = jobs.iter().filter(|(c, _)| rows.contains_key(*c)).collect();
+    assert_eq!(named.len(), 2, "--cgroup-rows 2: two of the three cgroups have rows: {rows:?}");
+    for (c, n) in &named {
+        assert_eq!(rows[*c], *n, "iscstat --by-cgroup: {c} counts its fio's I/Os exactly: {rows:?}");
+    }
+    let third = jobs.iter().find(|(c, _)| !rows.contains_key(*c)).unwrap();
+    assert_eq!(
+        rows.get("other").copied(),
+        Some(third.1),
+        "the third cgroup's I/Os ({}) are `other`: {rows:?}",
+        third.0
+    );
+    assert_eq!(rows.len() - usize::from(rows.contains_key("-")), 3, "no other cgroup issued I/O: {rows:?}");
+    assert_eq!(series, rows, "the Prometheus series per cgroup label are the JSON rows' totals");
 }
 
 /// A full event buffer loses events and counts each one: isclatency with a

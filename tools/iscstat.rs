@@ -11,6 +11,7 @@ use storprototrace::cli::output::{self, Clock, Unit};
 use storprototrace::cli::textfile;
 use storprototrace::cli::{self, Common};
 use storprototrace::iscsi::topology::Topology;
+use storprototrace::kernel::cgroup::{self, CgroupPaths};
 use storprototrace::stages::exporter::{self, Exporter};
 use storprototrace::stages::filters::Filters;
 use storprototrace::stages::prom;
@@ -27,6 +28,7 @@ const EXAMPLES: &str = "examples:
     iscstat -W           # every stage's average and maximum, and the target
     iscstat -P           # with p50/p95/p99/max of each stage
     iscstat -H 10 1      # log2 histograms of each stage over 10 s
+    iscstat --by-cgroup  # rows per cgroup of the processes that issued the I/O
     iscstat --sid 1 --json
     iscstat 10 --listen 9464 --quiet      # Prometheus exporter on 127.0.0.1:9464/metrics
     iscstat --listen 0.0.0.0:9464 -q      # the same on every address (firewall it)";
@@ -68,6 +70,14 @@ struct Args {
     /// Wide, and the initiator and portal of each row
     #[arg(short = 'e', long)]
     extended: bool,
+    /// Rows per cgroup of the process that issued the I/O (a last column
+    /// CGROUP; a `cgroup` label on the Prometheus series)
+    #[arg(long)]
+    by_cgroup: bool,
+    /// With --by-cgroup: rows for the first N cgroups seen (default 32), the
+    /// commands of any other counted under `other`
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    cgroup_rows: Option<u32>,
     /// After each interval, atomically replace PATH with node_exporter
     /// textfile-collector metrics (cumulative counters and histograms)
     #[arg(long, value_name = "PATH")]
@@ -101,6 +111,9 @@ fn run(args: Args) -> Result<()> {
         return Err(Error::usage("count must be at least 1"));
     }
     args.filters.validate()?;
+    if args.cgroup_rows.is_some() && !args.by_cgroup {
+        return Err(Error::usage("--cgroup-rows needs --by-cgroup"));
+    }
     let tur_every = args.tur.interval(&args.filters)?;
     let mut s = Startup::new("iscstat", &args.common)?;
     s.quiet = args.common.json || args.quiet;
@@ -123,7 +136,8 @@ fn run(args: Args) -> Result<()> {
         ("FINE_HIST", fine.into()),
         ("WHO", false.into()),
     ];
-    values.extend(stages::issuer_values(&s.kernel, args.filters.cgroup.is_some()));
+    values.extend(stages::issuer_values(&s.kernel, args.filters.cgroup.is_some() || args.by_cgroup));
+    values.extend(stats::cgroup_values(args.by_cgroup.then_some(args.cgroup_rows.unwrap_or(32))));
     let Some(t) = stages::start(&s, &args.filters, templates::ISCSTAT, &values)? else {
         return Ok(());
     };
@@ -148,6 +162,9 @@ fn run(args: Args) -> Result<()> {
     };
     let mut topo = t.topo.clone();
     let mut tally = prom::Tally::new(prom.then(|| prom::Exposition::new(t.plan.have_sent, t.plan.have_rx)));
+    if args.by_cgroup {
+        tally = tally.with_cgroups(CgroupPaths::new(cgroup::mount()));
+    }
     let take = |rows: BTreeMap<RowKey, Row>, topo: &mut Topology, tally: &mut prom::Tally| -> Result<()> {
         // sysfs is read again only for a row it does not describe (a
         // login since): walking it every interval cost iscstat more CPU
@@ -196,7 +213,15 @@ fn run(args: Args) -> Result<()> {
             format!("{:.3}", clock.since_start(now))
         };
         if !args.quiet {
-            let lines = view.report(&topo, &rows, &tally.retrans.interval, elapsed, &stamp, lost - last_lost);
+            let lines = view.report(
+                &topo,
+                &rows,
+                &tally.retrans.interval,
+                tally.cgroups.as_ref(),
+                elapsed,
+                &stamp,
+                lost - last_lost,
+            );
             if !lines.iter().all(|l| out.line(l)) {
                 break;
             }

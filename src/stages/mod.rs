@@ -640,6 +640,8 @@ mod tests {
                 ("WHO", false.into()),
                 ("ISSUER", false.into()),
                 ("GETRQ_BIO_ARG", 0u64.into()),
+                ("PER_CGROUP", false.into()),
+                ("CGROUP_ROWS", 1u32.into()),
             ],
         )
         .unwrap();
@@ -715,6 +717,8 @@ mod tests {
                     ("PROM", false.into()),
                     ("FINE_HIST", true.into()),
                     ("WHO", false.into()),
+                    ("PER_CGROUP", false.into()),
+                    ("CGROUP_ROWS", 1u32.into()),
                 ],
             ),
             (
@@ -725,11 +729,14 @@ mod tests {
                     ("PROM", true.into()),
                     ("FINE_HIST", false.into()),
                     ("WHO", false.into()),
+                    ("PER_CGROUP", true.into()),
+                    ("CGROUP_ROWS", 8u32.into()),
                 ],
             ),
         ];
         for (i, (_, values)) in tools.iter_mut().enumerate() {
-            values.extend([("ISSUER", (i == 1).into()), ("GETRQ_BIO_ARG", u64::from(i == 1).into())]);
+            let issuer = i == 1 || i == 3;
+            values.extend([("ISSUER", issuer.into()), ("GETRQ_BIO_ARG", u64::from(issuer).into())]);
         }
         let mut rendered = 0;
         for scsi in [ScsiLayout::modern(), OLD] {

@@ -5,9 +5,10 @@
 use crate::cli::textfile::{escape_label, seconds, write_atomically};
 use crate::error::Result;
 use crate::iscsi::topology::Topology;
+use crate::kernel::cgroup::CgroupPaths;
 #[cfg(test)]
 use crate::stages::stats::TOTAL;
-use crate::stages::stats::{Conn, Retransmits, Row, RowKey, LE_BUCKETS, LE_NS, NET, SEND, TARGET};
+use crate::stages::stats::{self, Conn, Retransmits, Row, RowKey, LE_BUCKETS, LE_NS, NET, SEND, TARGET};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -22,6 +23,9 @@ pub struct Labels {
     pub direction: &'static str,
     pub target: String,
     pub device: String,
+    /// The issuer's cgroup (iscstat --by-cgroup): its path, `other` or `-`
+    /// (stats::cgroup_name); no label without it.
+    pub cgroup: Option<String>,
 }
 
 /// Every series since start: one [`Row`] per label set (its `le` counts
@@ -98,18 +102,30 @@ pub struct Tally {
     /// TCP retransmits per connection (read by the caller before `add`).
     pub retrans: Retransmits,
     pub exposition: Option<Exposition>,
+    /// The paths of the rows' cgroups, where rows are per cgroup.
+    pub cgroups: Option<CgroupPaths>,
 }
 
 impl Tally {
     pub fn new(exposition: Option<Exposition>) -> Tally {
-        Tally { interval: BTreeMap::new(), retrans: Default::default(), exposition }
+        Tally { interval: BTreeMap::new(), retrans: Default::default(), exposition, cgroups: None }
+    }
+
+    /// Rows per cgroup, named from `paths`.
+    pub fn with_cgroups(self, paths: CgroupPaths) -> Tally {
+        Tally { cgroups: Some(paths), ..self }
     }
 
     /// Add rows collected from the kernel, labelled from `topo` (read just
     /// now); `health` is asked for only when there is an exposition.
     pub fn add(&mut self, rows: BTreeMap<RowKey, Row>, topo: &Topology, health: impl FnOnce() -> Health) {
+        if let Some(paths) = &mut self.cgroups {
+            for k in rows.keys() {
+                paths.look_up(k.cgroup);
+            }
+        }
         if let Some(e) = &mut self.exposition {
-            e.add_rows(&rows, topo);
+            e.add_rows(&rows, topo, self.cgroups.as_ref());
             e.set_retransmits(&self.retrans.total, topo);
             e.keep_sessions(topo);
             e.health = Some(health());
@@ -125,8 +141,9 @@ impl Tally {
 }
 
 fn label_text(l: &Labels, extra: &str) -> String {
+    let cgroup = l.cgroup.as_deref().map(|c| format!(",cgroup=\"{}\"", escape_label(c))).unwrap_or_default();
     format!(
-        "sid=\"{}\",cid=\"{}\",lun=\"{}\",direction=\"{}\",target=\"{}\",device=\"{}\"{extra}",
+        "sid=\"{}\",cid=\"{}\",lun=\"{}\",direction=\"{}\",target=\"{}\",device=\"{}\"{cgroup}{extra}",
         l.sid,
         l.cid,
         l.lun,
@@ -158,8 +175,9 @@ impl Exposition {
     }
 
     /// Add one interval's rows (per LUN and direction), labelled from the
-    /// sessions as they are now.
-    pub fn add_rows(&mut self, rows: &BTreeMap<RowKey, Row>, topo: &Topology) {
+    /// sessions as they are now, and with their cgroups where rows are per
+    /// cgroup (`cgroups` has looked every row's up).
+    pub fn add_rows(&mut self, rows: &BTreeMap<RowKey, Row>, topo: &Topology, cgroups: Option<&CgroupPaths>) {
         for (k, r) in rows {
             let s = topo.session(k.sid);
             let labels = Labels {
@@ -176,6 +194,7 @@ impl Exposition {
                     .and_then(|s| s.luns.iter().find(|l| l.lun == k.lun))
                     .and_then(|l| l.disk.clone())
                     .unwrap_or_default(),
+                cgroup: cgroups.map(|p| stats::cgroup_name(k.cgroup, p)),
             };
             self.series.entry(labels).or_default().merge(r);
         }
@@ -252,8 +271,15 @@ mod tests {
         s.le[TOTAL][3] = 1; // <= 1ms
         s.le[TOTAL][16] = 1; // > 10s
         s.le[NET][1] = 1;
-        let l =
-            Labels { sid: 1, cid: 0, lun: 0, direction: "read", target: "iqn.x:\"t\"".into(), device: "sda".into() };
+        let l = Labels {
+            sid: 1,
+            cid: 0,
+            lun: 0,
+            direction: "read",
+            target: "iqn.x:\"t\"".into(),
+            device: "sda".into(),
+            cgroup: None,
+        };
         e.series.insert(l, s);
         let t = e.render();
         assert!(
@@ -307,6 +333,7 @@ mod tests {
             direction: "read",
             target: "iqn.x:a\\b\"c\nd\te\u{e9}\u{1f4be}".into(),
             device: "sda".into(),
+            cgroup: Some("/app.slice/a\"b\".scope".into()),
         };
         e.series.insert(l, Row { count: 1, ..Default::default() });
         e
@@ -318,6 +345,7 @@ mod tests {
         let t = odd_labels().render();
         assert!(t.contains("target=\"iqn.x:a\\\\b\\\"c\\nd\te\u{e9}\u{1f4be}\""), "{t}");
         assert!(!t.contains("\\t") && !t.contains("\\u"), "no JSON escapes: {t}");
+        assert!(t.contains(",device=\"sda\",cgroup=\"/app.slice/a\\\"b\\\".scope\"}"), "{t}");
     }
 
     #[test]
@@ -365,7 +393,7 @@ mod tests {
     fn tally_keeps_the_interval_and_the_cumulative_series() {
         let topo =
             Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
-        let key = RowKey { sid: 2, cid: 0, host: topo.session(2).unwrap().host, lun: 1, dir: 2 };
+        let key = RowKey { sid: 2, cid: 0, host: topo.session(2).unwrap().host, lun: 1, dir: 2, cgroup: 0 };
         let rows = || BTreeMap::from([(key, Row { count: 3, bytes: 12288, ..Default::default() })]);
         let mut t = Tally::new(Some(Exposition::new(true, true)));
         t.add(rows(), &topo, Health::default);
@@ -390,14 +418,15 @@ mod tests {
             Topology::read(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
         let mut e = Exposition::new(true, true);
         let s1 = topo.session(1).unwrap();
-        let key = RowKey { sid: 1, cid: 0, host: s1.host, lun: 0, dir: 1 };
-        e.add_rows(&BTreeMap::from([(key, Row { count: 4, ..Default::default() })]), &topo);
+        let key = RowKey { sid: 1, cid: 0, host: s1.host, lun: 0, dir: 1, cgroup: 0 };
+        e.add_rows(&BTreeMap::from([(key, Row { count: 4, ..Default::default() })]), &topo, None);
         e.add_rows(
             &BTreeMap::from([
                 (key, Row { count: 1, ..Default::default() }),
                 (RowKey { sid: 9, ..key }, Row { count: 1, ..Default::default() }),
             ]),
             &topo,
+            None,
         );
         assert_eq!(e.series.len(), 2);
         e.keep_sessions(&topo);

@@ -5,6 +5,7 @@
 use crate::cli::json;
 use crate::cli::output::Unit;
 use crate::iscsi::topology::Topology;
+use crate::kernel::cgroup::CgroupPaths;
 use crate::stages::stats::{self, Conn, Row, RowKey, NET, SEND, STAGES, TARGET, TOTAL, WAIT};
 use std::collections::BTreeMap;
 
@@ -43,11 +44,15 @@ impl StatView {
 
     /// The lines of one interval's report.
     /// `retrans`: TCP segments retransmitted per connection in the interval.
+    /// `cgroups`: where rows are per cgroup, their paths (every row's
+    /// looked up): a last column CGROUP, `cgroup` and `cgroup_id` in JSON.
+    #[allow(clippy::too_many_arguments)]
     pub fn report(
         &self,
         topo: &Topology,
         rows: &BTreeMap<RowKey, Row>,
         retrans: &BTreeMap<Conn, u64>,
+        cgroups: Option<&CgroupPaths>,
         secs: f64,
         stamp: &str,
         lost: u64,
@@ -86,6 +91,18 @@ impl StatView {
                 }
                 if self.per_dir {
                     o = o.str("dir", stats::dir_name(k.dir, true));
+                }
+                if let Some(paths) = cgroups {
+                    // null: no issuer known; "other": past --cgroup-rows.
+                    let named = k.cgroup != stats::CGROUP_NOT_KNOWN && k.cgroup != stats::CGROUP_OTHER;
+                    o = o.opt_num("cgroup_id", named.then_some(k.cgroup)).opt_str(
+                        "cgroup",
+                        match k.cgroup {
+                            stats::CGROUP_NOT_KNOWN => None,
+                            stats::CGROUP_OTHER => Some("other"),
+                            id => paths.known(id),
+                        },
+                    );
                 }
                 o = o
                     .str("disks", &disks)
@@ -144,6 +161,9 @@ impl StatView {
             }
             h.push_str(&format!(" {:>8} {:>4}", format!("MAX({u})"), "RETX"));
         }
+        if cgroups.is_some() {
+            h.push_str(" CGROUP");
+        }
         lines.push(h);
         for (k, r) in rows {
             let (disks, target) = label(k);
@@ -176,6 +196,10 @@ impl StatView {
                     s.map(|s| s.initiator.as_str()).unwrap_or("?"),
                     s.map(|s| s.portal()).unwrap_or_default()
                 ));
+            }
+            if let Some(paths) = cgroups {
+                l.push(' ');
+                l.push_str(&stats::cgroup_name(k.cgroup, paths));
             }
             lines.push(l);
             if self.percentiles {
@@ -225,7 +249,7 @@ mod tests {
             r.max[i] = 1_500 * (i as u64 + 1);
             r.hist[i].insert(stats::fine_bucket(1_000 * (i as u64 + 1)), 2);
         }
-        BTreeMap::from([(RowKey { sid: 1, cid: 0, host: 6, lun: 0, dir: 0 }, r)])
+        BTreeMap::from([(RowKey { sid: 1, cid: 0, host: 6, lun: 0, dir: 0, cgroup: 0 }, r)])
     }
 
     fn view(have_sent: bool, json: bool) -> StatView {
@@ -250,7 +274,7 @@ mod tests {
     #[test]
     fn send_unknown_is_dashes_and_null_while_resp_is_shown() {
         let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
-        let text = view(false, false).report(&topo, &rows(), &retx(), 2.0, "t", 0).join("\n");
+        let text = view(false, false).report(&topo, &rows(), &retx(), None, 2.0, "t", 0).join("\n");
         assert!(text.contains("      1.0       1.5         -         -       3.0       4.5       4.0       6.0       5.0       7.5       6.0       9.0     3 iqn."), "{text}");
         assert!(
             !text.contains("SEND p50")
@@ -259,7 +283,7 @@ mod tests {
                 && text.contains("TARGET p50"),
             "{text}"
         );
-        let j = view(false, true).report(&topo, &rows(), &retx(), 2.0, "t", 0).join("\n");
+        let j = view(false, true).report(&topo, &rows(), &retx(), None, 2.0, "t", 0).join("\n");
         assert!(
             j.contains("\"send_avg_ns\":null")
                 && j.contains("\"send_p99_ns\":null")
@@ -273,7 +297,7 @@ mod tests {
                 && j.contains("\"target_max_ns\":7500"),
             "{j}"
         );
-        let known = view(true, false).report(&topo, &rows(), &retx(), 2.0, "t", 0).join("\n");
+        let known = view(true, false).report(&topo, &rows(), &retx(), None, 2.0, "t", 0).join("\n");
         assert!(
             known.contains("      1.0       1.5       2.0       3.0       3.0       4.5") && known.contains("SEND p50"),
             "{known}"
@@ -284,7 +308,7 @@ mod tests {
     fn default_report_fits_100_columns_with_the_stages_that_explain_total() {
         let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
         let v = StatView { wide: false, per_dir: true, percentiles: false, histograms: false, ..view(true, false) };
-        let text = v.report(&topo, &rows(), &retx(), 2.0, "t", 0);
+        let text = v.report(&topo, &rows(), &retx(), None, 2.0, "t", 0);
         let header: Vec<&str> = text[1].split_whitespace().collect();
         assert_eq!(
             header,
@@ -326,7 +350,7 @@ mod tests {
                 r.hist[i].clear();
             }
         }
-        let text = view(true, false).report(&topo, &rows, &BTreeMap::new(), 2.0, "t", 0).join("\n");
+        let text = view(true, false).report(&topo, &rows, &BTreeMap::new(), None, 2.0, "t", 0).join("\n");
         assert!(
             text.contains(
                 "       3.0       4.5         -         -         -         -       6.0       9.0     0 iqn."
@@ -334,10 +358,45 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("NET p50") && !text.contains("NET (us)"), "{text}");
-        let j = view(true, true).report(&topo, &rows, &BTreeMap::new(), 2.0, "t", 0).join("\n");
+        let j = view(true, true).report(&topo, &rows, &BTreeMap::new(), None, 2.0, "t", 0).join("\n");
         assert!(
             j.contains("\"net_avg_ns\":null") && j.contains("\"target_p50_ns\":null") && j.contains("\"split\":0"),
             "{j}"
         );
+    }
+
+    /// Rows per cgroup: a last CGROUP column with the path, `-` (no issuer
+    /// known), `other` (past --cgroup-rows) or the id of a cgroup gone
+    /// before it was looked up; JSON `cgroup` and `cgroup_id`.
+    #[test]
+    fn rows_per_cgroup_name_their_cgroup() {
+        let topo = Topology::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs-2x2")).unwrap();
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("lab-a/job")).unwrap();
+        let job = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(t.path().join("lab-a/job")).unwrap());
+        let mut paths = CgroupPaths::new(Some(t.path().to_path_buf()));
+        let r = rows().into_values().next().unwrap();
+        let key = RowKey { sid: 1, cid: 0, host: 6, lun: 0, dir: 0, cgroup: 0 };
+        let gone = job + 1_000_000;
+        let rows: BTreeMap<RowKey, Row> = [job, stats::CGROUP_NOT_KNOWN, stats::CGROUP_OTHER, gone]
+            .into_iter()
+            .map(|cgroup| (RowKey { cgroup, ..key }, r.clone()))
+            .collect();
+        for k in rows.keys() {
+            paths.look_up(k.cgroup);
+        }
+        let v = StatView { wide: false, percentiles: false, histograms: false, ..view(true, false) };
+        let text = v.report(&topo, &rows, &retx(), Some(&paths), 2.0, "t", 0);
+        assert!(text[1].ends_with(" RETX CGROUP"), "{}", text[1]);
+        let last: Vec<&str> = text[2..6].iter().map(|l| l.rsplit(' ').next().unwrap()).collect();
+        // Ordered by id: not known (0), the job, the gone one, other (all ones).
+        assert_eq!(last, ["-", "/lab-a/job", gone.to_string().as_str(), "other"], "{text:?}");
+        let j = v.report(&topo, &rows, &retx(), None, 2.0, "t", 0).join("\n");
+        assert!(!j.contains("CGROUP"), "{j}");
+        let j = StatView { json: true, ..v }.report(&topo, &rows, &retx(), Some(&paths), 2.0, "t", 0);
+        assert!(j[0].contains(r#""cgroup_id":null,"cgroup":null"#), "{}", j[0]);
+        assert!(j[1].contains(&format!(r#""cgroup_id":{job},"cgroup":"/lab-a/job""#)), "{}", j[1]);
+        assert!(j[2].contains(&format!(r#""cgroup_id":{gone},"cgroup":null"#)), "{}", j[2]);
+        assert!(j[3].contains(r#""cgroup_id":null,"cgroup":"other""#), "{}", j[3]);
     }
 }

@@ -5,7 +5,9 @@
 
 use crate::bpf::events::{Direction, Reader};
 use crate::bpf::maps;
+use crate::bpf::templates::Value;
 use crate::error::{Error, Result};
+use crate::kernel::cgroup::CgroupPaths;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -42,9 +44,9 @@ pub const LE_BUCKETS: usize = LE_NS.len() + 1;
 
 /// sizeof the C structs (tests check them against the template; the tool
 /// checks them against the loaded maps at start).
-pub const ROW_KEY_SIZE: usize = 32;
+pub const ROW_KEY_SIZE: usize = 40;
 pub const ROW_VAL_SIZE: usize = 120;
-pub const HIST_KEY_SIZE: usize = 40;
+pub const HIST_KEY_SIZE: usize = 48;
 pub const CONN_KEY_SIZE: usize = 8;
 pub const CONN_TCP_SIZE: usize = 16;
 
@@ -69,6 +71,29 @@ pub fn fine_bucket(ns: u64) -> u32 {
     (msb - 3) * 16 + ((v >> (msb - 4)) & 15) as u32
 }
 
+/// `row_key.cgroup` of the commands with no issuer known (iscstat.c
+/// CGROUP_NOT_KNOWN), and of those of the cgroups past the first
+/// `--cgroup-rows` seen (CGROUP_OTHER).
+pub const CGROUP_NOT_KNOWN: u64 = 0;
+pub const CGROUP_OTHER: u64 = u64::MAX;
+
+/// The template values of rows per cgroup: `rows` is how many cgroups
+/// get rows of their own (None: rows are not per cgroup).
+pub fn cgroup_values(rows: Option<u32>) -> [(&'static str, Value); 2] {
+    [("PER_CGROUP", rows.is_some().into()), ("CGROUP_ROWS", rows.unwrap_or(1).into())]
+}
+
+/// A row's cgroup as iscstat shows it: the path, `other`, `-` (no issuer
+/// known), or the id of a cgroup gone before its path was read; None where
+/// rows are not per cgroup. `paths` must have looked the id up.
+pub fn cgroup_name(id: u64, paths: &CgroupPaths) -> String {
+    match id {
+        CGROUP_NOT_KNOWN => "-".into(),
+        CGROUP_OTHER => "other".into(),
+        id => paths.known(id).map(str::to_string).unwrap_or_else(|| id.to_string()),
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RowKey {
     pub sid: u32,
@@ -76,6 +101,8 @@ pub struct RowKey {
     pub host: u32,
     pub lun: u64,
     pub dir: u32,
+    /// The issuer's cgroup id, or CGROUP_*; 0 where rows are not per cgroup.
+    pub cgroup: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -102,7 +129,9 @@ pub fn parse_row_key(b: &[u8]) -> Option<(u32, RowKey)> {
     let host = r.u32()?;
     let lun = r.u64()?;
     let dir = r.u32()?;
-    Some((epoch, RowKey { sid, cid, host, lun, dir }))
+    let _pad = r.u32()?;
+    let cgroup = r.u64()?;
+    Some((epoch, RowKey { sid, cid, host, lun, dir, cgroup }))
 }
 
 /// Sum the per-CPU copies of `struct row_val` (each 8-aligned).
@@ -454,9 +483,12 @@ mod tests {
         assert_eq!((key.layout.size, val.layout.size, hist.layout.size), (ROW_KEY_SIZE, ROW_VAL_SIZE, HIST_KEY_SIZE));
         let (epoch, k) = parse_row_key(&key.bytes).unwrap();
         assert_eq!(
-            [epoch as u64, k.sid as u64, k.cid as u64, k.host as u64, k.lun, k.dir as u64],
-            ["epoch", "sid", "cid", "host", "lun", "dir"].map(|n| key.int(n, 0))
+            [epoch as u64, k.sid as u64, k.cid as u64, k.host as u64, k.lun, k.dir as u64, k.cgroup],
+            ["epoch", "sid", "cid", "host", "lun", "dir", "cgroup"].map(|n| key.int(n, 0))
         );
+        assert!(ISCSTAT.contains(&format!("#define CGROUP_NOT_KNOWN {CGROUP_NOT_KNOWN}\n")));
+        assert_eq!(CGROUP_OTHER, u64::MAX);
+        assert!(ISCSTAT.contains("#define CGROUP_OTHER 0xffffffffffffffffULL\n"));
         let mut r = Row::default();
         add_percpu_row(&mut r, &val.bytes, 1);
         assert_eq!((r.count, r.bytes, r.split), (val.int("count", 0), val.int("bytes", 0), val.int("split", 0)));
@@ -505,7 +537,7 @@ mod tests {
 
     #[test]
     fn regroup_merges_what_is_not_shown() {
-        let k = |lun, dir| RowKey { sid: 1, cid: 0, host: 2, lun, dir };
+        let k = |lun, dir| RowKey { sid: 1, cid: 0, host: 2, lun, dir, cgroup: 0 };
         let mut rows = BTreeMap::new();
         rows.insert(k(0, 1), row_with(&[1_000]));
         rows.insert(k(1, 2), row_with(&[3_000, 5_000]));
@@ -525,10 +557,11 @@ mod tests {
         b.extend_from_slice(&1u64.to_ne_bytes());
         b.extend_from_slice(&2u32.to_ne_bytes());
         b.extend_from_slice(&0u32.to_ne_bytes());
+        b.extend_from_slice(&4242u64.to_ne_bytes());
         b.extend_from_slice(&3u32.to_ne_bytes());
         b.extend_from_slice(&77u32.to_ne_bytes());
         let (e, k, st, bk) = parse_hist_key(&b).unwrap();
-        assert_eq!((e, k.sid, k.host, k.lun, k.dir, st, bk), (1, 2, 6, 1, 2, 3, 77));
+        assert_eq!((e, k.sid, k.host, k.lun, k.dir, k.cgroup, st, bk), (1, 2, 6, 1, 2, 4242, 3, 77));
         assert_eq!(dir_name(2, true), "W");
         assert_eq!(dir_name(2, false), "*");
     }
