@@ -131,7 +131,7 @@ impl Options {
         let common = Common { verbose: self.verbose, ..Common::default() };
         let startup = Startup::new("storprototrace", &common)?;
         let mut values = vec![("MIN_US", min_us.into()), ("WHO", true.into())];
-        values.extend(stages::issuer_values(&startup.kernel, false));
+        values.push(("ISSUER", false.into()));
         let tracing = stages::start_tracing(&startup, &self.filters, templates::ISCLATENCY, &values)?;
         let events = startup.events(&tracing.bpf)?;
         let topo = LiveTopology::new(tracing.topo.clone(), Some("/sys".into()));

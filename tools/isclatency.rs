@@ -77,9 +77,9 @@ fn run(args: Args) -> Result<()> {
     let tur_every = args.tur.interval(&args.filters)?;
     let mut s = Startup::new("isclatency", &args.common)?;
     s.event_pages = args.buffer.pages()?;
-    let issuer = args.issuer || args.filters.cgroup.is_some();
+    let issuer = args.filters.issuer_needed(args.issuer);
     let mut values = vec![("MIN_US", min_us.into()), ("WHO", true.into())];
-    values.extend(stages::issuer_values(&s.kernel, issuer));
+    values.push(("ISSUER", issuer.into()));
     let Some(t) = stages::start(&s, &args.filters, templates::ISCLATENCY, &values)? else {
         return Ok(());
     };

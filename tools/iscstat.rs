@@ -136,7 +136,7 @@ fn run(args: Args) -> Result<()> {
         ("FINE_HIST", fine.into()),
         ("WHO", false.into()),
     ];
-    values.extend(stages::issuer_values(&s.kernel, args.filters.cgroup.is_some() || args.by_cgroup));
+    values.push(("ISSUER", args.filters.issuer_needed(args.by_cgroup).into()));
     values.extend(stats::cgroup_values(args.by_cgroup.then_some(args.cgroup_rows.unwrap_or(32))));
     let Some(t) = stages::start(&s, &args.filters, templates::ISCSTAT, &values)? else {
         return Ok(());

@@ -67,12 +67,6 @@ impl CgroupPaths {
         CgroupPaths { mount, known: HashMap::new() }
     }
 
-    /// The path of cgroup `id`, or None when it cannot be found.
-    pub fn path(&mut self, id: u64) -> Option<&str> {
-        self.look_up(id);
-        self.known(id)
-    }
-
     /// The path of cgroup `id` if [`Self::look_up`] found it.
     pub fn known(&self, id: u64) -> Option<&str> {
         self.known.get(&id).and_then(|p| p.as_deref())
@@ -153,10 +147,16 @@ mod tests {
         let t = tree();
         let m = t.path();
         let id = std::fs::metadata(m.join("system.slice/a.service")).unwrap().ino();
+        let path = |p: &mut CgroupPaths, id| {
+            p.look_up(id);
+            p.known(id).map(str::to_string)
+        };
         let mut p = CgroupPaths::new(Some(m.to_path_buf()));
-        assert_eq!(p.path(id), Some("/system.slice/a.service"));
-        assert_eq!(p.path(std::fs::metadata(m).unwrap().ino()), Some("/"));
-        assert_eq!(p.path(u64::MAX), None);
-        assert_eq!(CgroupPaths::new(None).path(id), None);
+        assert_eq!(p.known(id), None, "not looked up yet");
+        assert_eq!(path(&mut p, id).as_deref(), Some("/system.slice/a.service"));
+        assert_eq!(path(&mut p, std::fs::metadata(m).unwrap().ino()).as_deref(), Some("/"));
+        assert_eq!(path(&mut p, u64::MAX), None);
+        // No cgroup2 mount: no path.
+        assert_eq!(path(&mut CgroupPaths::new(None), id), None);
     }
 }

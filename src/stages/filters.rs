@@ -60,6 +60,12 @@ impl Filters {
         self.target.as_deref().map(|t| regex("--target", t)).transpose()
     }
 
+    /// Whether the programs must see each command's issuer: the tool asks
+    /// for it, or the cgroup filter is told where the issuer is seen.
+    pub fn issuer_needed(&self, asked: bool) -> bool {
+        asked || self.cgroup.is_some()
+    }
+
     /// Check what needs no kernel (regex syntax), before anything else.
     pub fn validate(&self) -> Result<()> {
         if let Some(t) = &self.target {

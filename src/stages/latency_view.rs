@@ -203,7 +203,9 @@ impl LatencyView {
             Issuer::Known { pid, comm, cgroup } => (comm.as_str(), *pid, Some(*cgroup)),
             _ => (c.comm.as_str(), c.pid, None),
         };
-        let cgroup_path = cgroup.and_then(|id| self.cgroups.path(id).map(str::to_string));
+        if let Some(id) = cgroup {
+            self.cgroups.look_up(id);
+        }
         json::Object::new()
             .str("time", &self.time(c))
             .str("comm", comm)
@@ -234,7 +236,7 @@ impl LatencyView {
             .str("dispatch_comm", &c.comm)
             .num("dispatch_pid", c.pid)
             .opt_num("cgroup_id", cgroup)
-            .opt_str("cgroup", cgroup_path.as_deref())
+            .opt_str("cgroup", cgroup.and_then(|id| self.cgroups.known(id)))
             .finish()
     }
 }

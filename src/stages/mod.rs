@@ -40,24 +40,15 @@ pub const RX: &str = "iscsi_itt_to_ctask";
 /// (bpf_templates/iscsi_stages.c ISSUER): it runs in the submitting task.
 pub const ISSUER_TRACEPOINT: (&str, &str) = ("block", "block_getrq");
 
-/// The template's values for the issuer: `on` (isclatency -I, or a
-/// --cgroup filter), and which argument of block_getrq is the bio.
-pub fn issuer_values(kernel: &Kernel, on: bool) -> [(&'static str, Value); 2] {
-    let bio_arg = if on { getrq_bio_arg(kernel) } else { 0 };
-    [("ISSUER", on.into()), ("GETRQ_BIO_ARG", bio_arg.into())]
+/// block_getrq's bio argument from its BTF prototype (`btf_trace_block_getrq`):
+/// (q, bio, rw) before 5.11, (bio) since; None where the BTF has no such
+/// typedef.
+fn getrq_bio_arg_from_btf(btf: &crate::kernel::btf::Loaded) -> Option<u64> {
+    let view = crate::kernel::btf::View { base: &btf.vmlinux, split: None };
+    view.raw_tracepoint_args(ISSUER_TRACEPOINT.1).map(|n| u64::from(n >= 3))
 }
 
-/// block_getrq passes (q, bio, rw) before 5.11, (bio) since: read from its
-/// BTF prototype, else (no vmlinux BTF) from the release.
-fn getrq_bio_arg(kernel: &Kernel) -> u64 {
-    let btf = crate::kernel::btf::Loaded::open(&kernel.btf_dir).ok();
-    let view = btf.as_ref().map(|l| crate::kernel::btf::View { base: &l.vmlinux, split: None });
-    match view.and_then(|v| v.raw_tracepoint_args(ISSUER_TRACEPOINT.1)) {
-        Some(n) => u64::from(n >= 3),
-        None => getrq_bio_arg_by_release(&kernel.release),
-    }
-}
-
+/// The same from the release, where there is no vmlinux BTF.
 fn getrq_bio_arg_by_release(release: &str) -> u64 {
     let mut v = release.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().unwrap_or(0));
     let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
@@ -110,6 +101,8 @@ pub struct StagePlan {
     pub net_offsets: Option<[u32; kernel_types::NET_MEMBERS.len()]>,
     /// One line each for what this kernel cannot give, said once at start.
     pub notes: Vec<String>,
+    /// Which argument of block_getrq is the bio (the issuer's program).
+    pub getrq_bio_arg: u64,
 }
 
 /// The kprobe plan: every stage function, and its handler.
@@ -171,6 +164,7 @@ impl StagePlan {
             why_headers: None,
             net_offsets: None,
             notes,
+            getrq_bio_arg: getrq_bio_arg_by_release(&kernel.release),
         })
     }
 
@@ -190,6 +184,7 @@ impl StagePlan {
             why_headers: None,
             net_offsets: None,
             notes: Vec::new(),
+            getrq_bio_arg: 0,
         }
     }
 
@@ -202,6 +197,7 @@ impl StagePlan {
             ("CDB_POINTER", self.scsi.cdb_pointer.into()),
             ("FENTRY", self.fentry.into()),
             ("NET_OFFSETS", self.net_offsets.is_some().into()),
+            ("GETRQ_BIO_ARG", self.getrq_bio_arg.into()),
         ];
         // Unused by the program (`#if NET_OFFSETS`) when unknown.
         let offsets = self.net_offsets.unwrap_or_default();
@@ -337,6 +333,8 @@ struct Layout {
     types: Option<KernelTypes>,
     why_headers: Option<String>,
     net_offsets: Option<[u32; kernel_types::NET_MEMBERS.len()]>,
+    /// From vmlinux's BTF, where it has the tracepoint's prototype.
+    getrq_bio_arg: Option<u64>,
 }
 
 /// The kernel types from BTF and the SCSI layout they give, else the
@@ -344,12 +342,19 @@ struct Layout {
 /// offsets from vmlinux's BTF where it has them (the BTF-written types
 /// hold the socket's members themselves).
 fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, tool_part: &str) -> Result<Layout> {
+    let getrq_bio_arg = btf.as_deref().and_then(getrq_bio_arg_from_btf);
     let types = match btf.as_deref_mut() {
         Some(b) => kernel_types::from_btf(b, &parts(tool_part), kernel_types::ISCSI_MODULES),
         None => Err(Error::kernel_types("no kernel BTF")),
     };
     match types {
-        Ok(t) => Ok(Layout { scsi: ScsiLayout::from_types(&t)?, types: Some(t), why_headers: None, net_offsets: None }),
+        Ok(t) => Ok(Layout {
+            scsi: ScsiLayout::from_types(&t)?,
+            types: Some(t),
+            why_headers: None,
+            net_offsets: None,
+            getrq_bio_arg,
+        }),
         Err(why) => {
             let net_offsets = btf.and_then(|b| kernel_types::net_offsets(b).ok());
             Ok(Layout {
@@ -357,6 +362,7 @@ fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, too
                 types: None,
                 why_headers: Some(why.to_string()),
                 net_offsets,
+                getrq_bio_arg,
             })
         }
     }
@@ -481,9 +487,11 @@ pub fn start_tracing(
     let filter = filters.resolve(&topo)?;
     // vmlinux's and the modules' BTF, read once for the types and fentry.
     let mut resolver = if kernel.btf { Resolver::new(&kernel.btf_dir).ok() } else { None };
-    let Layout { scsi, types, why_headers, net_offsets } =
+    let Layout { scsi, types, why_headers, net_offsets, getrq_bio_arg } =
         layout(kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
-    let plan = StagePlan { types, why_headers, net_offsets, ..StagePlan::choose(kernel, scsi)? };
+    let chosen = StagePlan::choose(kernel, scsi)?;
+    let getrq_bio_arg = getrq_bio_arg.unwrap_or(chosen.getrq_bio_arg);
+    let plan = StagePlan { types, why_headers, net_offsets, getrq_bio_arg, ..chosen };
     let (mut plan, why_kprobes, targets) = plan.prefer_fentry(kernel, resolver);
     plan.why_kprobes = why_kprobes;
     let program = |plan: &StagePlan, targets: Targets| -> Result<Program> {
@@ -505,6 +513,7 @@ pub fn start_tracing(
             types: plan.types.clone(),
             why_headers: plan.why_headers.clone(),
             net_offsets: plan.net_offsets,
+            getrq_bio_arg: plan.getrq_bio_arg,
             ..StagePlan::choose(kernel, plan.scsi)?
         };
         (bpf, links) = s.try_load(&program(&plan, Targets::default())?, |bpf| filter.load_sets(bpf))?;
@@ -524,14 +533,17 @@ pub fn plan_for_ebpf(
     tool_part: &str,
 ) -> Result<(StagePlan, KernelFilter)> {
     let mut btf = crate::kernel::btf::Loaded::open(&kernel.btf_dir).ok();
-    let Layout { scsi, types, why_headers, net_offsets } = layout(kernel, btf.as_mut(), tool_part).unwrap_or(Layout {
-        scsi: ScsiLayout::modern(),
-        types: None,
-        why_headers: None,
-        net_offsets: None,
-    });
+    let Layout { scsi, types, why_headers, net_offsets, getrq_bio_arg } = layout(kernel, btf.as_mut(), tool_part)
+        .unwrap_or(Layout {
+            scsi: ScsiLayout::modern(),
+            types: None,
+            why_headers: None,
+            net_offsets: None,
+            getrq_bio_arg: None,
+        });
     let plan = StagePlan::choose(kernel, scsi).unwrap_or_else(|_| StagePlan::assume_all(scsi));
-    let plan = StagePlan { types, why_headers, net_offsets, ..plan };
+    let getrq_bio_arg = getrq_bio_arg.unwrap_or(plan.getrq_bio_arg);
+    let plan = StagePlan { types, why_headers, net_offsets, getrq_bio_arg, ..plan };
     let filter = if topo.sessions.is_empty() { filters.assume_sets() } else { filters.resolve(topo)? };
     let plan = if kernel.function_count() > 0 && plan.fentry_obstacle(kernel).is_none() {
         plan.with_fentry(kernel)
@@ -639,7 +651,6 @@ mod tests {
                 ("FINE_HIST", false.into()),
                 ("WHO", false.into()),
                 ("ISSUER", false.into()),
-                ("GETRQ_BIO_ARG", 0u64.into()),
                 ("PER_CGROUP", false.into()),
                 ("CGROUP_ROWS", 1u32.into()),
             ],
@@ -735,8 +746,7 @@ mod tests {
             ),
         ];
         for (i, (_, values)) in tools.iter_mut().enumerate() {
-            let issuer = i == 1 || i == 3;
-            values.extend([("ISSUER", issuer.into()), ("GETRQ_BIO_ARG", u64::from(issuer).into())]);
+            values.push(("ISSUER", (i == 1 || i == 3).into()));
         }
         let mut rendered = 0;
         for scsi in [ScsiLayout::modern(), OLD] {
@@ -759,7 +769,7 @@ mod tests {
                                 assert!(c.contains(&format!("#define FILTER_CGROUP {}\n", f.cgroup.is_some() as u8)));
                                 let issuer = values.contains(&("ISSUER", Value::Bool(true)));
                                 assert!(c.contains(&format!("#define ISSUER {}\n", issuer as u8)));
-                                assert!(c.contains(&format!("#define GETRQ_BIO_ARG {}LL\n", issuer as u8)));
+                                assert!(c.contains(&format!("#define GETRQ_BIO_ARG {}LL\n", plan.getrq_bio_arg)));
                                 rendered += 1;
                             }
                         }
