@@ -173,6 +173,9 @@ fn iscstat_ebpf_prints_the_program_without_root_or_iscsi() {
     for want in ["#define PER_CGROUP 1\n", "#define CGROUP_ROWS 5LL\n", "#define ISSUER 1\n", "int issuer_getrq("] {
         assert!(text.contains(want), "--by-cgroup: {want:?} missing from the program");
     }
+    // The default the help and the man page state.
+    let out = iscstat_as_nobody(&["--ebpf", "--by-cgroup"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("#define CGROUP_ROWS 32LL\n"));
 }
 
 #[test]

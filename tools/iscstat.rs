@@ -137,7 +137,7 @@ fn run(args: Args) -> Result<()> {
         ("WHO", false.into()),
     ];
     values.push(("ISSUER", args.filters.issuer_needed(args.by_cgroup).into()));
-    values.extend(stats::cgroup_values(args.by_cgroup.then_some(args.cgroup_rows.unwrap_or(32))));
+    values.extend(stats::cgroup_values(args.by_cgroup, args.cgroup_rows));
     let Some(t) = stages::start(&s, &args.filters, templates::ISCSTAT, &values)? else {
         return Ok(());
     };

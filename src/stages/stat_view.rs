@@ -95,14 +95,9 @@ impl StatView {
                 if let Some(paths) = cgroups {
                     // null: no issuer known; "other": past --cgroup-rows.
                     let named = k.cgroup != stats::CGROUP_NOT_KNOWN && k.cgroup != stats::CGROUP_OTHER;
-                    o = o.opt_num("cgroup_id", named.then_some(k.cgroup)).opt_str(
-                        "cgroup",
-                        match k.cgroup {
-                            stats::CGROUP_NOT_KNOWN => None,
-                            stats::CGROUP_OTHER => Some("other"),
-                            id => paths.known(id),
-                        },
-                    );
+                    o = o
+                        .opt_num("cgroup_id", named.then_some(k.cgroup))
+                        .opt_str("cgroup", stats::cgroup_path(k.cgroup, paths));
                 }
                 o = o
                     .str("disks", &disks)

@@ -77,20 +77,36 @@ pub fn fine_bucket(ns: u64) -> u32 {
 pub const CGROUP_NOT_KNOWN: u64 = 0;
 pub const CGROUP_OTHER: u64 = u64::MAX;
 
+/// Cgroups with rows of their own when --cgroup-rows is not given.
+pub const DEFAULT_CGROUP_ROWS: u32 = 32;
+
 /// The template values of rows per cgroup: `rows` is how many cgroups
-/// get rows of their own (None: rows are not per cgroup).
-pub fn cgroup_values(rows: Option<u32>) -> [(&'static str, Value); 2] {
-    [("PER_CGROUP", rows.is_some().into()), ("CGROUP_ROWS", rows.unwrap_or(1).into())]
+/// get rows of their own, None for the default (`per_cgroup` false: rows
+/// are not per cgroup).
+pub fn cgroup_values(per_cgroup: bool, rows: Option<u32>) -> [(&'static str, Value); 2] {
+    let rows = if per_cgroup { rows.unwrap_or(DEFAULT_CGROUP_ROWS) } else { 1 };
+    [("PER_CGROUP", per_cgroup.into()), ("CGROUP_ROWS", rows.into())]
 }
 
-/// A row's cgroup as iscstat shows it: the path, `other`, `-` (no issuer
-/// known), or the id of a cgroup gone before its path was read; None where
-/// rows are not per cgroup. `paths` must have looked the id up.
-pub fn cgroup_name(id: u64, paths: &CgroupPaths) -> String {
+/// A row's cgroup as its path, or `other`; None where no issuer is known
+/// and for a cgroup gone before its path was read (JSON's null). `paths`
+/// must have looked the id up.
+pub fn cgroup_path(id: u64, paths: &CgroupPaths) -> Option<&str> {
     match id {
-        CGROUP_NOT_KNOWN => "-".into(),
-        CGROUP_OTHER => "other".into(),
-        id => paths.known(id).map(str::to_string).unwrap_or_else(|| id.to_string()),
+        CGROUP_NOT_KNOWN => None,
+        CGROUP_OTHER => Some("other"),
+        id => paths.known(id),
+    }
+}
+
+/// A row's cgroup as the CGROUP column and the Prometheus label show it:
+/// [`cgroup_path`], `-` where no issuer is known, else the id of a cgroup
+/// gone before its path was read.
+pub fn cgroup_name(id: u64, paths: &CgroupPaths) -> String {
+    match (id, cgroup_path(id, paths)) {
+        (CGROUP_NOT_KNOWN, _) => "-".into(),
+        (_, Some(p)) => p.to_string(),
+        (id, None) => id.to_string(),
     }
 }
 
