@@ -10,7 +10,7 @@ struct event {
     u64 net;
     u64 target;
     u64 lun;
-    u64 issuer_cgroup; /* ISSUER_KNOWN: its cgroup v2 id */
+    u64 issuer_cgroup; /* ISSUER_KNOWN, _KERNEL_THREAD: its cgroup v2 id */
     u32 host;
     u32 channel;
     u32 id;
@@ -26,7 +26,7 @@ struct event {
     u8 split;
     u8 issuer;     /* ISSUER_* of iscsi_stages.c */
     char comm[TASK_COMM_LEN];         /* the context that dispatched it */
-    char issuer_comm[TASK_COMM_LEN];  /* ISSUER_KNOWN: who submitted it */
+    char issuer_comm[TASK_COMM_LEN];  /* ISSUER_KNOWN, _KERNEL_THREAD: who submitted it */
     u32 issuer_pid;
 };
 

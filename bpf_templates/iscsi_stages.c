@@ -133,6 +133,35 @@
 #define ISSUER_NOT_TRACED 0
 #define ISSUER_KNOWN 1
 #define ISSUER_UNKNOWN 2
+/* A kernel thread submitted the I/O (the writeback flusher, a journal):
+ * COMM and PID are the thread, its cgroup the one the kernel charged the
+ * bio to (BIO_CGROUP). */
+#define ISSUER_KERNEL_THREAD 3
+
+/* A kernel thread writes for others: where BIO_CGROUP, the issuer's cgroup
+ * is then the one its bio is charged to, bio->bi_blkg->blkcg->css.cgroup
+ * (writeback: the cgroup that dirtied the pages, where the memory and io
+ * controllers are on for it; else the root). struct blkcg_gq is private
+ * to block/ since 6.1, so the members are read at byte offsets from
+ * vmlinux's BTF (src/kernel/types.rs BIO_CGROUP_MEMBERS). The cgroup
+ * filter then asks whether that cgroup is the filter's or below it:
+ * its ancestor at the filter's level (cgroup->ancestors[], the ids
+ * themselves before 6.1: CGROUP_ANCESTOR_IDS) is the filter's cgroup. */
+#define BIO_CGROUP {{BIO_CGROUP}}
+#if BIO_CGROUP
+#define TASK_FLAGS_OFF {{TASK_FLAGS_OFF}}
+#define BIO_BLKG_OFF {{BIO_BLKG_OFF}}
+#define BLKG_BLKCG_OFF {{BLKG_BLKCG_OFF}}
+#define BLKCG_CGROUP_OFF {{BLKCG_CGROUP_OFF}}
+#define CGROUP_KN_OFF {{CGROUP_KN_OFF}}
+#define KERNFS_ID_OFF {{KERNFS_ID_OFF}}
+#define CGROUP_LEVEL_OFF {{CGROUP_LEVEL_OFF}}
+#define CGROUP_ANCESTORS_OFF {{CGROUP_ANCESTORS_OFF}}
+#define CGROUP_ANCESTOR_IDS {{CGROUP_ANCESTOR_IDS}}
+#define FILTER_CGROUP_ID {{FILTER_CGROUP_ID}}
+#define FILTER_CGROUP_LEVEL {{FILTER_CGROUP_LEVEL}}
+#define PF_KTHREAD_FLAG 0x00200000 /* include/linux/sched.h, 5.10 to 7.3 */
+#endif
 
 /* The CDB: `unsigned char *cmnd` before 5.19 (pointing at the command's
  * own buffer), `unsigned char cmnd[32]` after. Chosen from the headers. */
@@ -231,9 +260,10 @@ static __always_inline struct inflight *inflight_live(u64 key)
  * command's mapped buffer, a dm clone). */
 struct issuer {
     u64 sector;
-    u64 cgroup;    /* the task's cgroup v2 id */
+    u64 cgroup;    /* the task's cgroup v2 id (BIO_CGROUP: its bio's for a kernel thread) */
     u32 pid;
-    u32 in_cgroup; /* FILTER_CGROUP: the task is in the cgroup or below */
+    u16 in_cgroup; /* FILTER_CGROUP: that cgroup is the filter's or below it */
+    u16 kernel_thread;
     char comm[TASK_COMM_LEN];
 };
 /* Keyed by struct bio *; bios come back at the same addresses, so an entry
@@ -242,6 +272,46 @@ struct issuer {
 BPF_TABLE("lru_hash", u64, struct issuer, issuer_by_bio, 16384);
 #if FILTER_CGROUP
 BPF_CGROUP_ARRAY(cgroup_filter, 1);
+#endif
+
+#if BIO_CGROUP
+static __always_inline u64 read_u64(u64 addr)
+{
+    u64 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)addr);
+    return v;
+}
+
+/* The struct cgroup * a bio is charged to, 0 where it has no blkg. */
+static __always_inline u64 bio_cgroup(u64 bio)
+{
+    u64 blkg = read_u64(bio + BIO_BLKG_OFF);
+    u64 blkcg = blkg ? read_u64(blkg + BLKG_BLKCG_OFF) : 0;
+    return blkcg ? read_u64(blkcg + BLKCG_CGROUP_OFF) : 0;
+}
+
+static __always_inline u64 cgroup_id_of(u64 cgrp)
+{
+    u64 kn = read_u64(cgrp + CGROUP_KN_OFF);
+    return kn ? read_u64(kn + KERNFS_ID_OFF) : 0;
+}
+
+#if FILTER_CGROUP
+/* The filter's cgroup is cgrp or one of its ancestors. */
+static __always_inline int cgroup_under_filter(u64 cgrp)
+{
+    int level = -1;
+    bpf_probe_read_kernel(&level, sizeof(level), (void *)(cgrp + CGROUP_LEVEL_OFF));
+    if (level < FILTER_CGROUP_LEVEL)
+        return 0;
+    u64 at = read_u64(cgrp + CGROUP_ANCESTORS_OFF + 8 * FILTER_CGROUP_LEVEL);
+#if CGROUP_ANCESTOR_IDS
+    return at == FILTER_CGROUP_ID;
+#else
+    return at && cgroup_id_of(at) == FILTER_CGROUP_ID;
+#endif
+}
+#endif
 #endif
 
 int issuer_getrq(struct bpf_raw_tracepoint_args *ctx)
@@ -253,6 +323,20 @@ int issuer_getrq(struct bpf_raw_tracepoint_args *ctx)
     v.cgroup = bpf_get_current_cgroup_id();
 #if FILTER_CGROUP
     v.in_cgroup = cgroup_filter.check_current_task(0) == 1;
+#endif
+#if BIO_CGROUP
+    u32 task_flags = 0;
+    bpf_probe_read_kernel(&task_flags, sizeof(task_flags), (void *)(bpf_get_current_task() + TASK_FLAGS_OFF));
+    if (task_flags & PF_KTHREAD_FLAG) {
+        v.kernel_thread = 1;
+        u64 cgrp = bio_cgroup(bio);
+        if (cgrp) {
+            v.cgroup = cgroup_id_of(cgrp);
+#if FILTER_CGROUP
+            v.in_cgroup = cgroup_under_filter(cgrp);
+#endif
+        }
+    }
 #endif
     bpf_get_current_comm(&v.comm, sizeof(v.comm));
     struct issuer *old = issuer_by_bio.lookup(&bio);
@@ -289,7 +373,7 @@ static __always_inline int issuer_of(struct scsi_cmnd *sc, struct inflight *f)
     }
     if (FILTER_CGROUP && !v->in_cgroup)
         return 0;
-    f->issuer = ISSUER_KNOWN;
+    f->issuer = v->kernel_thread ? ISSUER_KERNEL_THREAD : ISSUER_KNOWN;
     f->issuer_pid = v->pid;
     f->issuer_cgroup = v->cgroup;
     __builtin_memcpy(&f->issuer_comm, v->comm, sizeof(f->issuer_comm));

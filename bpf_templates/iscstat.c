@@ -86,7 +86,7 @@ BPF_HASH(cgroup_rows, u64, u8, CGROUP_ROWS);
 
 static __always_inline u64 row_cgroup(struct inflight *f)
 {
-    if (f->issuer != ISSUER_KNOWN)
+    if (f->issuer != ISSUER_KNOWN && f->issuer != ISSUER_KERNEL_THREAD)
         return CGROUP_NOT_KNOWN;
     u64 id = f->issuer_cgroup;
     u8 one = 1;

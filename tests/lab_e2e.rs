@@ -299,6 +299,89 @@ fn cgroups_filter_and_group_exactly_their_io() {
     assert_eq!(series, rows, "the Prometheus series per cgroup label are the JSON rows' totals");
 }
 
+/// Buffered writes are written back by a kernel thread (the flusher), and
+/// the kernel charges each writeback bio to the cgroup that dirtied its
+/// pages (cgroup writeback: the memory and io controllers on for it).
+/// `dd` without O_DIRECT writes 4 MiB to one disk from cgroup lab-w and
+/// 2 MiB to another from the root; both disks are held open meanwhile, so
+/// dd's close does not write them back itself. `isclatency --cgroup
+/// lab-w` (one tool start) shows exactly lab-w's 4 MiB, on its disk, every
+/// command by a kernel thread and charged to /lab-w; the root's 2 MiB,
+/// written back by the same flushers, not at all.
+#[test]
+#[ignore = "needs the iSCSI lab VM: run tests/all"]
+fn writeback_is_charged_to_the_cgroup_that_dirtied_it() {
+    let lab = lab();
+    quiet_disks(&lab);
+    let (d, other) = (&lab.disks[0], &lab.disks[1]);
+    let mount = storprototrace::kernel::cgroup::mount().expect("the lab guest mounts cgroup v2");
+    sh(&format!("echo '+memory +io' > {}/cgroup.subtree_control", mount.display()));
+    let w = mount.join("lab-w");
+    std::fs::create_dir_all(&w).unwrap_or_else(|e| panic!("mkdir {}: {e}", w.display()));
+    // Dirty pages written back after 1 s, looked for every second.
+    let vm = ["dirty_expire_centisecs", "dirty_writeback_centisecs"];
+    let saved: Vec<String> = vm.iter().map(|v| sh(&format!("cat /proc/sys/vm/{v}")).trim().to_string()).collect();
+    for v in vm {
+        sh(&format!("echo 100 > /proc/sys/vm/{v}"));
+    }
+    let holders: Vec<std::fs::File> =
+        [d, other].iter().map(|x| std::fs::File::open(format!("/dev/{x}")).unwrap()).collect();
+    let lat = start("isclatency", &["-u", "0", "--json", "--cgroup", "lab-w"]);
+    let before = [DiskTime::read(d), DiskTime::read(other)];
+    let sectors = |dev: &str| {
+        sh(&format!("cat /sys/block/{dev}/stat")).split_whitespace().nth(6).unwrap().parse::<u64>().unwrap()
+    };
+    let (s0, o0) = (sectors(d), sectors(other));
+    let (mib_w, mib_root) = (4u64, 2u64);
+    sh(&format!(
+        "sh -c 'echo $$ > {}/cgroup.procs && exec dd if=/dev/zero of=/dev/{d} bs=1M count={mib_w} status=none'",
+        w.display()
+    ));
+    sh(&format!("dd if=/dev/zero of=/dev/{other} bs=1M count={mib_root} status=none"));
+    // Until both disks have taken their bytes (60 s at most).
+    for _ in 0..120 {
+        if sectors(d) - s0 >= mib_w << 11 && sectors(other) - o0 >= mib_root << 11 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let lat = lat.stop();
+    let written = [sectors(d) - s0, sectors(other) - o0];
+    let after = [DiskTime::read(d), DiskTime::read(other)];
+    drop(holders);
+    for (v, old) in vm.iter().zip(&saved) {
+        sh(&format!("echo {old} > /proc/sys/vm/{v}"));
+    }
+    let _ = std::fs::remove_dir(&w);
+    assert!(lat.status.success(), "{}", lat.stderr);
+    let cmds = lat.json();
+    let bytes: u64 = cmds.iter().map(|c| c.u64("bytes")).sum();
+    println!(
+        "dd from lab-w: {mib_w} MiB to {d}, from the root: {mib_root} MiB to {other}; the disks wrote {} and {} \
+         sectors ({} and {} writes); isclatency --cgroup lab-w: {} commands, {bytes} bytes, comms {:?}",
+        written[0],
+        written[1],
+        after[0].writes - before[0].writes,
+        after[1].writes - before[1].writes,
+        cmds.len(),
+        cmds.iter().map(|c| c.str("comm")).collect::<std::collections::BTreeSet<_>>()
+    );
+    assert_eq!(written, [mib_w << 11, mib_root << 11], "the disks wrote what dd wrote, and nothing else");
+    assert_eq!(lat.untimed(), 0, "{}", lat.stderr);
+    assert_eq!(bytes, mib_w << 20, "isclatency --cgroup lab-w: exactly lab-w's writes");
+    for c in &cmds {
+        assert!(
+            c.str("disk") == d.as_str()
+                && c.str("dir") == "W"
+                && c["issuer"] == true
+                && c["kernel_thread"] == true
+                && c.str("cgroup") == "/lab-w",
+            "written back by a kernel thread, charged to the dirtying cgroup: {c}"
+        );
+    }
+}
+
 /// A full event buffer loses events and counts each one: isclatency with a
 /// one-page buffer (-b 1, 25 events) is stopped (SIGSTOP) while fio
 /// runs 1000 I/Os on its disk, then continued. The commands shown and the

@@ -142,13 +142,17 @@ pub struct Command {
 }
 
 /// Who submitted a command's I/O to the block layer (`ISSUER_*` of
-/// iscsi_stages.c).
+/// iscsi_stages.c: NOT_TRACED 0, KNOWN 1, UNKNOWN 2, KERNEL_THREAD 3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Issuer {
     /// Not traced (isclatency without --issuer).
     NotTraced,
-    /// The submitting process: its pid (thread group), name and cgroup v2 id.
-    Known { pid: u32, comm: String, cgroup: u64 },
+    /// The submitting process: its pid (thread group), name and cgroup v2
+    /// id. For a kernel thread (`kernel_thread`: the writeback flusher, a
+    /// journal) the cgroup is the one its bio is charged to: for writeback,
+    /// the cgroup that dirtied the pages where the memory and io
+    /// controllers are on for it, else the root.
+    Known { pid: u32, comm: String, cgroup: u64, kernel_thread: bool },
     /// Traced, and not known: no bio of the command's request was seen
     /// starting a request (the kernel's own commands, passthrough, a
     /// request whose first bio was merged in front of it).
@@ -159,7 +163,7 @@ impl Issuer {
     fn from_record(code: u8, pid: u32, comm: String, cgroup: u64) -> Option<Issuer> {
         match code {
             0 => Some(Issuer::NotTraced),
-            1 => Some(Issuer::Known { pid, comm, cgroup }),
+            1 | 3 => Some(Issuer::Known { pid, comm, cgroup, kernel_thread: code == 3 }),
             2 => Some(Issuer::Unknown),
             _ => None,
         }
@@ -355,7 +359,8 @@ mod tests {
             Issuer::Known {
                 pid: s.int("issuer_pid", 0) as u32,
                 comm: s.string("issuer_comm"),
-                cgroup: s.int("issuer_cgroup", 0)
+                cgroup: s.int("issuer_cgroup", 0),
+                kernel_thread: false,
             }
         );
         assert!(s.int("split", 0) != 0 && s.int("retrans", 0) != RETX_UNKNOWN as u64);
@@ -399,7 +404,11 @@ mod tests {
             assert_eq!(Command::parse(&s.bytes).unwrap().issuer, want);
         }
         assert_eq!(d.get("ISSUER_KNOWN").copied(), Some(1));
+        assert_eq!(d.get("ISSUER_KERNEL_THREAD").copied(), Some(3));
         s.bytes[issuer_at] = 3;
+        let thread = Command::parse(&s.bytes).unwrap().issuer;
+        assert!(matches!(thread, Issuer::Known { kernel_thread: true, .. }), "{thread:?}");
+        s.bytes[issuer_at] = 4;
         assert!(Command::parse(&s.bytes).is_none(), "an issuer code the C side does not define");
         s.bytes[issuer_at] = 1;
         assert!(templates::ISCSI_STAGES.contains(&format!("#define RETX_UNKNOWN {RETX_UNKNOWN:#x}\n")));

@@ -29,6 +29,11 @@ pub fn mount() -> Option<PathBuf> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupFilter {
     pub dir: PathBuf,
+    /// Its id (the directory's inode number) and depth below the root
+    /// (0 for the root): kernel threads' bios are filtered by their
+    /// cgroup's ancestor at that depth.
+    pub id: u64,
+    pub level: u32,
 }
 
 /// `--cgroup ARG` under the hierarchy mounted at `mount`: a path under the
@@ -49,7 +54,8 @@ pub fn resolve(mount: &Path, arg: &str) -> Result<CgroupFilter> {
     if !meta.is_dir() || !dir.join("cgroup.procs").exists() {
         return Err(bad(&format!("{} is not a cgroup v2 directory", dir.display())));
     }
-    Ok(CgroupFilter { dir })
+    let level = u32::try_from(rel.components().count()).map_err(|_| bad("too deep"))?;
+    Ok(CgroupFilter { dir, id: std::os::unix::fs::MetadataExt::ino(&meta), level })
 }
 
 /// cgroup ids to paths (relative to the mount, with a leading '/'), read
@@ -126,10 +132,12 @@ mod tests {
         let t = tree();
         let m = t.path();
         let full = m.join("system.slice/a.service");
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
         for arg in [full.to_str().unwrap(), "system.slice/a.service", "/system.slice/a.service"] {
-            assert_eq!(resolve(m, arg).unwrap(), CgroupFilter { dir: full.clone() }, "{arg}");
+            let want = CgroupFilter { dir: full.clone(), id: ino(&full), level: 2 };
+            assert_eq!(resolve(m, arg).unwrap(), want, "{arg}");
         }
-        assert_eq!(resolve(m, "/").unwrap(), CgroupFilter { dir: m.to_path_buf() });
+        assert_eq!(resolve(m, "/").unwrap(), CgroupFilter { dir: m.to_path_buf(), id: ino(m), level: 0 });
         for (arg, why) in [
             ("nosuch", "No such file"),
             ("plain", "is not a cgroup v2 directory"),

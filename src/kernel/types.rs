@@ -145,6 +145,44 @@ pub fn net_offsets(btf: &mut Loaded) -> Result<[u32; NET_MEMBERS.len()]> {
     offsets(&views, &NET_MEMBERS.map(|(_, s, m)| (s, m)))
 }
 
+/// What the issuer's program reads to find the cgroup a kernel thread's
+/// bio is charged to (`bpf_templates/iscsi_stages.c` BIO_CGROUP):
+/// placeholder, struct, member. `struct blkcg_gq` is private to block/
+/// since 6.1 (no header defines it), so these are byte offsets from
+/// vmlinux's BTF on every kernel.
+pub const BIO_CGROUP_MEMBERS: [(&str, &str, &str); 7] = [
+    ("TASK_FLAGS_OFF", "task_struct", "flags"),
+    ("BIO_BLKG_OFF", "bio", "bi_blkg"),
+    ("BLKG_BLKCG_OFF", "blkcg_gq", "blkcg"),
+    ("BLKCG_CGROUP_OFF", "blkcg", "css.cgroup"),
+    ("CGROUP_KN_OFF", "cgroup", "kn"),
+    ("KERNFS_ID_OFF", "kernfs_node", "id"),
+    ("CGROUP_LEVEL_OFF", "cgroup", "level"),
+];
+
+/// Where a bio's cgroup is, from vmlinux's BTF.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BioCgroup {
+    /// The offsets of `BIO_CGROUP_MEMBERS`, in order.
+    pub offsets: [u32; BIO_CGROUP_MEMBERS.len()],
+    /// `cgroup.ancestors` (pointers, 6.1+) or `cgroup.ancestor_ids`.
+    pub ancestors: u32,
+    /// The ancestors are their ids (`ancestor_ids`, before 6.1).
+    pub ancestor_ids: bool,
+}
+
+/// The offsets of `BIO_CGROUP_MEMBERS` and of the cgroup's ancestors from
+/// vmlinux's BTF.
+pub fn bio_cgroup(btf: &mut Loaded) -> Result<BioCgroup> {
+    let views = btf.views(&[])?;
+    let members = offsets(&views, &BIO_CGROUP_MEMBERS.map(|(_, s, m)| (s, m)))?;
+    let (ancestors, ancestor_ids) = match offsets(&views, &[("cgroup", "ancestors")]) {
+        Ok([o]) => (o, false),
+        Err(_) => (offsets(&views, &[("cgroup", "ancestor_ids")])?[0], true),
+    };
+    Ok(BioCgroup { offsets: members, ancestors, ancestor_ids })
+}
+
 /// The byte offsets of `(struct, member)` pairs in `views`; a member may
 /// be a path into embedded structs (`rx_opt.rcv_tsval`).
 fn offsets<const N: usize>(views: &[View], members: &[(&str, &str); N]) -> Result<[u32; N]> {

@@ -96,7 +96,10 @@ impl Filters {
             } else {
                 0
             },
-            cgroup: self.cgroup.as_ref().map(|c| self.resolve_cgroup().unwrap_or(CgroupFilter { dir: c.into() })),
+            cgroup: self
+                .cgroup
+                .as_ref()
+                .map(|c| self.resolve_cgroup().unwrap_or(CgroupFilter { dir: c.into(), id: 0, level: 0 })),
         }
     }
 
@@ -213,6 +216,8 @@ impl KernelFilter {
             ("PID", self.pid.unwrap_or(0).into()),
             ("FILTER_DIR", Value::Int(self.dir as i64)),
             ("FILTER_CGROUP", self.cgroup.is_some().into()),
+            ("FILTER_CGROUP_ID", self.cgroup.as_ref().map_or(0, |c| c.id).into()),
+            ("FILTER_CGROUP_LEVEL", self.cgroup.as_ref().map_or(0, |c| c.level).into()),
         ]
     }
 
@@ -311,7 +316,10 @@ mod tests {
         assert!(v.contains(&("FILTER_DIR", Value::Int(2))));
         assert!(v.contains(&("FILTER_PID", Value::Bool(false))));
         assert!(v.contains(&("FILTER_CGROUP", Value::Bool(false))));
-        let f = KernelFilter { cgroup: Some(CgroupFilter { dir: "/sys/fs/cgroup/a".into() }), ..Default::default() };
+        let f = KernelFilter {
+            cgroup: Some(CgroupFilter { dir: "/sys/fs/cgroup/a".into(), id: 7, level: 1 }),
+            ..Default::default()
+        };
         assert!(f.values().contains(&("FILTER_CGROUP", Value::Bool(true))));
         assert_eq!(device_key(3, 1), (3u64 << 32) | 1);
     }

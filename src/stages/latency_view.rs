@@ -199,9 +199,11 @@ impl LatencyView {
         let disk = self.topo.known_disk(c.host, c.channel, c.id, c.lun);
         let s = self.topo.session(c.sid);
         let traced = c.issuer != Issuer::NotTraced;
-        let (comm, pid, cgroup) = match &c.issuer {
-            Issuer::Known { pid, comm, cgroup } => (comm.as_str(), *pid, Some(*cgroup)),
-            _ => (c.comm.as_str(), c.pid, None),
+        let (comm, pid, cgroup, kernel_thread) = match &c.issuer {
+            Issuer::Known { pid, comm, cgroup, kernel_thread } => {
+                (comm.as_str(), *pid, Some(*cgroup), Some(*kernel_thread))
+            }
+            _ => (c.comm.as_str(), c.pid, None, None),
         };
         if let Some(id) = cgroup {
             self.cgroups.look_up(id);
@@ -233,6 +235,7 @@ impl LatencyView {
             .opt_str("initiator", s.map(|s| s.initiator.as_str()))
             .str("portal", &s.map(|s| s.portal()).unwrap_or_else(|| "?".into()))
             .opt_bool("issuer", traced.then_some(matches!(c.issuer, Issuer::Known { .. })))
+            .opt_bool("kernel_thread", kernel_thread)
             .str("dispatch_comm", &c.comm)
             .num("dispatch_pid", c.pid)
             .opt_num("cgroup_id", cgroup)
@@ -414,8 +417,10 @@ mod tests {
     fn comm_and_pid_are_the_issuer_where_traced_and_known() {
         let mut v = view(true, false, false);
         let dispatched = Command { comm: "kworker/1:1H".into(), pid: 120, ..cmd(0) };
-        let known =
-            Command { issuer: Issuer::Known { pid: 4242, comm: "fio".into(), cgroup: 7 }, ..dispatched.clone() };
+        let known = Command {
+            issuer: Issuer::Known { pid: 4242, comm: "fio".into(), cgroup: 7, kernel_thread: false },
+            ..dispatched.clone()
+        };
         let unknown = Command { issuer: Issuer::Unknown, ..dispatched.clone() };
         let long = Command { comm: "kworker/u16:10H".into(), issuer: Issuer::Unknown, ..dispatched.clone() };
         let shown = |v: &mut LatencyView, c: &Command| {
@@ -446,8 +451,10 @@ mod tests {
         std::fs::create_dir_all(t.path().join("app.slice/job")).unwrap();
         let id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(t.path().join("app.slice/job")).unwrap());
         v.cgroups = CgroupPaths::new(Some(t.path().to_path_buf()));
-        let in_job =
-            Command { issuer: Issuer::Known { pid: 4242, comm: "fio".into(), cgroup: id }, ..dispatched.clone() };
+        let in_job = Command {
+            issuer: Issuer::Known { pid: 4242, comm: "fio".into(), cgroup: id, kernel_thread: false },
+            ..dispatched.clone()
+        };
         assert!(json(&mut v, &in_job).contains(&r#""cgroup":"/app.slice/job""#.to_string()));
         let j = json(&mut v, &unknown);
         assert!(j.contains(&r#""comm":"kworker/1:1H""#.to_string()) && j.contains(&r#""issuer":false"#.to_string()));

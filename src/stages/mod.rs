@@ -40,6 +40,10 @@ pub const RX: &str = "iscsi_itt_to_ctask";
 /// (bpf_templates/iscsi_stages.c ISSUER): it runs in the submitting task.
 pub const ISSUER_TRACEPOINT: (&str, &str) = ("block", "block_getrq");
 
+/// Said once at start where a kernel thread's bio's cgroup cannot be read.
+const NO_BIO_CGROUP: &str = "no vmlinux BTF: the cgroup of I/O a kernel thread submits (writeback) \
+                             is the thread's own, not the one its pages were dirtied from";
+
 /// block_getrq's bio argument from its BTF prototype (`btf_trace_block_getrq`):
 /// (q, bio, rw) before 5.11, (bio) since; None where the BTF has no such
 /// typedef.
@@ -103,6 +107,9 @@ pub struct StagePlan {
     pub notes: Vec<String>,
     /// Which argument of block_getrq is the bio (the issuer's program).
     pub getrq_bio_arg: u64,
+    /// Where a kernel thread's bio's cgroup is (the issuer's program);
+    /// None: not known (no vmlinux BTF), the thread's own cgroup is used.
+    pub bio_cgroup: Option<kernel_types::BioCgroup>,
 }
 
 /// The kprobe plan: every stage function, and its handler.
@@ -165,6 +172,7 @@ impl StagePlan {
             net_offsets: None,
             notes,
             getrq_bio_arg: getrq_bio_arg_by_release(&kernel.release),
+            bio_cgroup: None,
         })
     }
 
@@ -185,6 +193,7 @@ impl StagePlan {
             net_offsets: None,
             notes: Vec::new(),
             getrq_bio_arg: 0,
+            bio_cgroup: None,
         }
     }
 
@@ -202,6 +211,13 @@ impl StagePlan {
         // Unused by the program (`#if NET_OFFSETS`) when unknown.
         let offsets = self.net_offsets.unwrap_or_default();
         v.extend(kernel_types::NET_MEMBERS.iter().zip(offsets).map(|((name, _, _), o)| (*name, o.into())));
+        // Unused by the program (`#if BIO_CGROUP`) when unknown.
+        let bio = self.bio_cgroup.as_ref();
+        v.push(("BIO_CGROUP", bio.is_some().into()));
+        let offsets = bio.map(|b| b.offsets).unwrap_or_default();
+        v.extend(kernel_types::BIO_CGROUP_MEMBERS.iter().zip(offsets).map(|((name, _, _), o)| (*name, o.into())));
+        v.push(("CGROUP_ANCESTORS_OFF", bio.map_or(0, |b| b.ancestors).into()));
+        v.push(("CGROUP_ANCESTOR_IDS", bio.is_some_and(|b| b.ancestor_ids).into()));
         v
     }
 
@@ -335,6 +351,8 @@ struct Layout {
     net_offsets: Option<[u32; kernel_types::NET_MEMBERS.len()]>,
     /// From vmlinux's BTF, where it has the tracepoint's prototype.
     getrq_bio_arg: Option<u64>,
+    /// From vmlinux's BTF, where it has the members.
+    bio_cgroup: Option<kernel_types::BioCgroup>,
 }
 
 /// The kernel types from BTF and the SCSI layout they give, else the
@@ -343,6 +361,7 @@ struct Layout {
 /// hold the socket's members themselves).
 fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, tool_part: &str) -> Result<Layout> {
     let getrq_bio_arg = btf.as_deref().and_then(getrq_bio_arg_from_btf);
+    let bio_cgroup = btf.as_deref_mut().and_then(|b| kernel_types::bio_cgroup(b).ok());
     let types = match btf.as_deref_mut() {
         Some(b) => kernel_types::from_btf(b, &parts(tool_part), kernel_types::ISCSI_MODULES),
         None => Err(Error::kernel_types("no kernel BTF")),
@@ -354,6 +373,7 @@ fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, too
             why_headers: None,
             net_offsets: None,
             getrq_bio_arg,
+            bio_cgroup,
         }),
         Err(why) => {
             let net_offsets = btf.and_then(|b| kernel_types::net_offsets(b).ok());
@@ -363,6 +383,7 @@ fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, too
                 why_headers: Some(why.to_string()),
                 net_offsets,
                 getrq_bio_arg,
+                bio_cgroup,
             })
         }
     }
@@ -487,11 +508,14 @@ pub fn start_tracing(
     let filter = filters.resolve(&topo)?;
     // vmlinux's and the modules' BTF, read once for the types and fentry.
     let mut resolver = if kernel.btf { Resolver::new(&kernel.btf_dir).ok() } else { None };
-    let Layout { scsi, types, why_headers, net_offsets, getrq_bio_arg } =
+    let Layout { scsi, types, why_headers, net_offsets, getrq_bio_arg, bio_cgroup } =
         layout(kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
-    let chosen = StagePlan::choose(kernel, scsi)?;
+    let mut chosen = StagePlan::choose(kernel, scsi)?;
     let getrq_bio_arg = getrq_bio_arg.unwrap_or(chosen.getrq_bio_arg);
-    let plan = StagePlan { types, why_headers, net_offsets, getrq_bio_arg, ..chosen };
+    if bio_cgroup.is_none() && tool_values.contains(&("ISSUER", Value::Bool(true))) {
+        chosen.notes.push(NO_BIO_CGROUP.into());
+    }
+    let plan = StagePlan { types, why_headers, net_offsets, getrq_bio_arg, bio_cgroup, ..chosen };
     let (mut plan, why_kprobes, targets) = plan.prefer_fentry(kernel, resolver);
     plan.why_kprobes = why_kprobes;
     let program = |plan: &StagePlan, targets: Targets| -> Result<Program> {
@@ -514,6 +538,8 @@ pub fn start_tracing(
             why_headers: plan.why_headers.clone(),
             net_offsets: plan.net_offsets,
             getrq_bio_arg: plan.getrq_bio_arg,
+            bio_cgroup: plan.bio_cgroup,
+            notes: plan.notes.clone(),
             ..StagePlan::choose(kernel, plan.scsi)?
         };
         (bpf, links) = s.try_load(&program(&plan, Targets::default())?, |bpf| filter.load_sets(bpf))?;
@@ -533,17 +559,18 @@ pub fn plan_for_ebpf(
     tool_part: &str,
 ) -> Result<(StagePlan, KernelFilter)> {
     let mut btf = crate::kernel::btf::Loaded::open(&kernel.btf_dir).ok();
-    let Layout { scsi, types, why_headers, net_offsets, getrq_bio_arg } = layout(kernel, btf.as_mut(), tool_part)
-        .unwrap_or(Layout {
+    let Layout { scsi, types, why_headers, net_offsets, getrq_bio_arg, bio_cgroup } =
+        layout(kernel, btf.as_mut(), tool_part).unwrap_or(Layout {
             scsi: ScsiLayout::modern(),
             types: None,
             why_headers: None,
             net_offsets: None,
             getrq_bio_arg: None,
+            bio_cgroup: None,
         });
     let plan = StagePlan::choose(kernel, scsi).unwrap_or_else(|_| StagePlan::assume_all(scsi));
     let getrq_bio_arg = getrq_bio_arg.unwrap_or(plan.getrq_bio_arg);
-    let plan = StagePlan { types, why_headers, net_offsets, getrq_bio_arg, ..plan };
+    let plan = StagePlan { types, why_headers, net_offsets, getrq_bio_arg, bio_cgroup, ..plan };
     let filter = if topo.sessions.is_empty() { filters.assume_sets() } else { filters.resolve(topo)? };
     let plan = if kernel.function_count() > 0 && plan.fentry_obstacle(kernel).is_none() {
         plan.with_fentry(kernel)
@@ -714,7 +741,7 @@ mod tests {
                 cid: Some(0),
                 pid: Some(9),
                 dir: 2,
-                cgroup: Some(crate::kernel::cgroup::CgroupFilter { dir: "/sys/fs/cgroup/a".into() }),
+                cgroup: Some(crate::kernel::cgroup::CgroupFilter { dir: "/sys/fs/cgroup/a".into(), id: 7, level: 1 }),
             },
         ];
         let mut tools: [(&str, Vec<(&'static str, Value)>); 4] = [
@@ -752,7 +779,9 @@ mod tests {
         for scsi in [ScsiLayout::modern(), OLD] {
             for have_sent in [true, false] {
                 let base = StagePlan { have_sent, ..StagePlan::choose(&k, scsi).unwrap() };
-                for plan in [base.clone(), base.with_fentry(&k)] {
+                let bio_cgroup = kernel_types::BioCgroup { offsets: [8; 7], ancestors: 16, ancestor_ids: have_sent };
+                let with_bio_cgroup = StagePlan { bio_cgroup: Some(bio_cgroup), ..base.clone() };
+                for plan in [base.clone(), base.with_fentry(&k), with_bio_cgroup] {
                     for ringbuf in [true, false] {
                         for f in &filters {
                             for (part, values) in &tools {
@@ -770,6 +799,8 @@ mod tests {
                                 let issuer = values.contains(&("ISSUER", Value::Bool(true)));
                                 assert!(c.contains(&format!("#define ISSUER {}\n", issuer as u8)));
                                 assert!(c.contains(&format!("#define GETRQ_BIO_ARG {}LL\n", plan.getrq_bio_arg)));
+                                let bio = plan.bio_cgroup.is_some();
+                                assert!(c.contains(&format!("#define BIO_CGROUP {}\n", bio as u8)));
                                 rendered += 1;
                             }
                         }
@@ -777,6 +808,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(rendered, 2 * 2 * 2 * 2 * 2 * 4);
+        assert_eq!(rendered, 2 * 2 * 3 * 2 * 2 * 4);
     }
 }
