@@ -142,7 +142,7 @@
  * is then the one its bio is charged to, bio->bi_blkg->blkcg->css.cgroup
  * (writeback: the cgroup that dirtied the pages, where the memory and io
  * controllers are on for it; else the root). struct blkcg_gq is private
- * to block/ since 6.1, so the members are read at byte offsets from
+ * to block/ by 6.1, so the members are read at byte offsets from
  * vmlinux's BTF (src/kernel/types.rs BIO_CGROUP_MEMBERS). The cgroup
  * filter then asks whether that cgroup is the filter's or below it:
  * its ancestor at the filter's level (cgroup->ancestors[], the ids

@@ -148,7 +148,7 @@ pub fn net_offsets(btf: &mut Loaded) -> Result<[u32; NET_MEMBERS.len()]> {
 /// What the issuer's program reads to find the cgroup a kernel thread's
 /// bio is charged to (`bpf_templates/iscsi_stages.c` BIO_CGROUP):
 /// placeholder, struct, member. `struct blkcg_gq` is private to block/
-/// since 6.1 (no header defines it), so these are byte offsets from
+/// by 6.1 (no header defines it), so these are byte offsets from
 /// vmlinux's BTF on every kernel.
 pub const BIO_CGROUP_MEMBERS: [(&str, &str, &str); 7] = [
     ("TASK_FLAGS_OFF", "task_struct", "flags"),
@@ -174,11 +174,14 @@ pub struct BioCgroup {
 /// The offsets of `BIO_CGROUP_MEMBERS` and of the cgroup's ancestors from
 /// vmlinux's BTF.
 pub fn bio_cgroup(btf: &mut Loaded) -> Result<BioCgroup> {
-    let views = btf.views(&[])?;
-    let members = offsets(&views, &BIO_CGROUP_MEMBERS.map(|(_, s, m)| (s, m)))?;
-    let (ancestors, ancestor_ids) = match offsets(&views, &[("cgroup", "ancestors")]) {
+    bio_cgroup_in(&btf.views(&[])?)
+}
+
+fn bio_cgroup_in(views: &[View]) -> Result<BioCgroup> {
+    let members = offsets(views, &BIO_CGROUP_MEMBERS.map(|(_, s, m)| (s, m)))?;
+    let (ancestors, ancestor_ids) = match offsets(views, &[("cgroup", "ancestors")]) {
         Ok([o]) => (o, false),
-        Err(_) => (offsets(&views, &[("cgroup", "ancestor_ids")])?[0], true),
+        Err(_) => (offsets(views, &[("cgroup", "ancestor_ids")])?[0], true),
     };
     Ok(BioCgroup { offsets: members, ancestors, ancestor_ids })
 }
@@ -707,6 +710,38 @@ mod tests {
             let path: Vec<String> = m.split('.').map(String::from).collect();
             assert!(s.members.iter().any(|(p, _)| *p == path), "@struct {st} lacks {m}");
             assert!(crate::bpf::templates::ISCSI_STAGES.contains(&format!("{{{{{ph}}}}}")), "no placeholder {ph}");
+        }
+    }
+
+    /// BIO_CGROUP_MEMBERS each have their placeholder in iscsi_stages.c,
+    /// and the cgroup's ancestors are found under either name: pointers
+    /// (`ancestors`) or, before 6.1, their ids (`ancestor_ids`).
+    #[test]
+    fn bio_cgroup_members_from_btf_with_either_ancestors() {
+        for (ph, _, _) in BIO_CGROUP_MEMBERS {
+            assert!(crate::bpf::templates::ISCSI_STAGES.contains(&format!("{{{{{ph}}}}}")), "no placeholder {ph}");
+        }
+        for (name, ids) in [("ancestors", false), ("ancestor_ids", true)] {
+            let mut v = Blob::new(1, 0);
+            let u32_ = v.int("unsigned int", 4, false, 32); // 1
+            let u64_ = v.int("long long unsigned int", 8, false, 64); // 2
+            let list = v.array(u64_, 0); // 3
+            v.compound(4, "task_struct", 64, &[("flags", u32_, 8 * 44, 0)]);
+            v.compound(4, "bio", 96, &[("bi_blkg", u64_, 8 * 72, 0)]);
+            v.compound(4, "blkcg_gq", 64, &[("blkcg", u64_, 8 * 40, 0)]);
+            let css = v.compound(4, "cgroup_subsys_state", 16, &[("cgroup", u64_, 0, 0)]);
+            v.compound(4, "blkcg", 32, &[("css", css, 0, 0)]);
+            v.compound(
+                4,
+                "cgroup",
+                512,
+                &[("level", u32_, 8 * 212, 0), ("kn", u64_, 8 * 248, 0), (name, list, 8 * 504, 0)],
+            );
+            v.compound(4, "kernfs_node", 128, &[("id", u64_, 8 * 104, 0)]);
+            let vmlinux = Btf::parse(&v.bytes(), None).unwrap();
+            let got = bio_cgroup_in(&[View { base: &vmlinux, split: None }]).unwrap();
+            let want = BioCgroup { offsets: [44, 72, 40, 0, 248, 104, 212], ancestors: 504, ancestor_ids: ids };
+            assert_eq!(got, want, "{name}");
         }
     }
 
