@@ -41,8 +41,8 @@ pub const RX: &str = "iscsi_itt_to_ctask";
 pub const ISSUER_TRACEPOINT: (&str, &str) = ("block", "block_getrq");
 
 /// Said once at start where a kernel thread's bio's cgroup cannot be read.
-const NO_BIO_CGROUP: &str = "no vmlinux BTF: the cgroup of I/O a kernel thread submits (writeback) \
-                             is the thread's own, not the one its pages were dirtied from";
+const NO_BIO_CGROUP: &str = "the cgroup of I/O a kernel thread submits (writeback) is the thread's own, \
+                             not the one its bio is charged to";
 
 /// block_getrq's bio argument from its BTF prototype (`btf_trace_block_getrq`):
 /// (q, bio, rw) before 5.11, (bio) since; None where the BTF has no such
@@ -351,17 +351,27 @@ struct Layout {
     net_offsets: Option<[u32; kernel_types::NET_MEMBERS.len()]>,
     /// From vmlinux's BTF, where it has the tracepoint's prototype.
     getrq_bio_arg: Option<u64>,
-    /// From vmlinux's BTF, where it has the members.
-    bio_cgroup: Option<kernel_types::BioCgroup>,
+    /// From vmlinux's BTF, else why not.
+    bio_cgroup: std::result::Result<kernel_types::BioCgroup, String>,
 }
 
 /// The kernel types from BTF and the SCSI layout they give, else the
 /// layout from the headers (and why, in `why_headers`) with the socket's
 /// offsets from vmlinux's BTF where it has them (the BTF-written types
 /// hold the socket's members themselves).
-fn layout(kernel: &Kernel, mut btf: Option<&mut crate::kernel::btf::Loaded>, tool_part: &str) -> Result<Layout> {
+/// `issuer`: the issuer's program is loaded (it alone reads a bio's cgroup).
+fn layout(
+    kernel: &Kernel,
+    mut btf: Option<&mut crate::kernel::btf::Loaded>,
+    tool_part: &str,
+    issuer: bool,
+) -> Result<Layout> {
     let getrq_bio_arg = btf.as_deref().and_then(getrq_bio_arg_from_btf);
-    let bio_cgroup = btf.as_deref_mut().and_then(|b| kernel_types::bio_cgroup(b).ok());
+    let bio_cgroup = match btf.as_deref_mut() {
+        Some(_) if !issuer => Err("not read".into()),
+        Some(b) => kernel_types::bio_cgroup(b).map_err(|e| e.to_string()),
+        None => Err("no kernel BTF".into()),
+    };
     let types = match btf.as_deref_mut() {
         Some(b) => kernel_types::from_btf(b, &parts(tool_part), kernel_types::ISCSI_MODULES),
         None => Err(Error::kernel_types("no kernel BTF")),
@@ -506,15 +516,17 @@ pub fn start_tracing(
         return Err(Error::no_sessions());
     }
     let filter = filters.resolve(&topo)?;
+    let issuer = tool_values.contains(&("ISSUER", Value::Bool(true)));
     // vmlinux's and the modules' BTF, read once for the types and fentry.
     let mut resolver = if kernel.btf { Resolver::new(&kernel.btf_dir).ok() } else { None };
     let Layout { scsi, types, why_headers, net_offsets, getrq_bio_arg, bio_cgroup } =
-        layout(kernel, resolver.as_mut().map(Resolver::btf), tool_part)?;
+        layout(kernel, resolver.as_mut().map(Resolver::btf), tool_part, issuer)?;
     let mut chosen = StagePlan::choose(kernel, scsi)?;
     let getrq_bio_arg = getrq_bio_arg.unwrap_or(chosen.getrq_bio_arg);
-    if bio_cgroup.is_none() && tool_values.contains(&("ISSUER", Value::Bool(true))) {
-        chosen.notes.push(NO_BIO_CGROUP.into());
+    if let (Err(why), true) = (&bio_cgroup, issuer) {
+        chosen.notes.push(format!("{NO_BIO_CGROUP} ({why})"));
     }
+    let bio_cgroup = bio_cgroup.ok();
     let plan = StagePlan { types, why_headers, net_offsets, getrq_bio_arg, bio_cgroup, ..chosen };
     let (mut plan, why_kprobes, targets) = plan.prefer_fentry(kernel, resolver);
     plan.why_kprobes = why_kprobes;
@@ -560,17 +572,17 @@ pub fn plan_for_ebpf(
 ) -> Result<(StagePlan, KernelFilter)> {
     let mut btf = crate::kernel::btf::Loaded::open(&kernel.btf_dir).ok();
     let Layout { scsi, types, why_headers, net_offsets, getrq_bio_arg, bio_cgroup } =
-        layout(kernel, btf.as_mut(), tool_part).unwrap_or(Layout {
+        layout(kernel, btf.as_mut(), tool_part, true).unwrap_or(Layout {
             scsi: ScsiLayout::modern(),
             types: None,
             why_headers: None,
             net_offsets: None,
             getrq_bio_arg: None,
-            bio_cgroup: None,
+            bio_cgroup: Err(String::new()),
         });
     let plan = StagePlan::choose(kernel, scsi).unwrap_or_else(|_| StagePlan::assume_all(scsi));
     let getrq_bio_arg = getrq_bio_arg.unwrap_or(plan.getrq_bio_arg);
-    let plan = StagePlan { types, why_headers, net_offsets, getrq_bio_arg, bio_cgroup, ..plan };
+    let plan = StagePlan { types, why_headers, net_offsets, getrq_bio_arg, bio_cgroup: bio_cgroup.ok(), ..plan };
     let filter = if topo.sessions.is_empty() { filters.assume_sets() } else { filters.resolve(topo)? };
     let plan = if kernel.function_count() > 0 && plan.fentry_obstacle(kernel).is_none() {
         plan.with_fentry(kernel)
