@@ -315,7 +315,9 @@ fn writeback_is_charged_to_the_cgroup_that_dirtied_it() {
     quiet_disks(&lab);
     let (d, other) = (&lab.disks[0], &lab.disks[1]);
     let mount = storprototrace::kernel::cgroup::mount().expect("the lab guest mounts cgroup v2");
-    sh(&format!("echo '+memory +io' > {}/cgroup.subtree_control", mount.display()));
+    let control = mount.join("cgroup.subtree_control");
+    let had = std::fs::read_to_string(&control).unwrap_or_default();
+    sh(&format!("echo '+memory +io' > {}", control.display()));
     let w = mount.join("lab-w");
     std::fs::create_dir_all(&w).unwrap_or_else(|e| panic!("mkdir {}: {e}", w.display()));
     // Dirty pages written back after 1 s, looked for every second.
@@ -354,6 +356,10 @@ fn writeback_is_charged_to_the_cgroup_that_dirtied_it() {
         sh(&format!("echo {old} > /proc/sys/vm/{v}"));
     }
     let _ = std::fs::remove_dir(&w);
+    // The controllers back as they were, for the tests after this one.
+    for c in ["memory", "io"].iter().filter(|c| !had.split_whitespace().any(|h| h == **c)) {
+        sh(&format!("echo -{c} > {} || true", control.display()));
+    }
     assert!(lat.status.success(), "{}", lat.stderr);
     let cmds = lat.json();
     let bytes: u64 = cmds.iter().map(|c| c.u64("bytes")).sum();
@@ -368,6 +374,8 @@ fn writeback_is_charged_to_the_cgroup_that_dirtied_it() {
         cmds.iter().map(|c| c.str("comm")).collect::<std::collections::BTreeSet<_>>()
     );
     assert_eq!(written, [mib_w << 11, mib_root << 11], "the disks wrote what dd wrote, and nothing else");
+    let now = std::fs::read_to_string(&control).unwrap_or_default();
+    assert_eq!(now.trim(), had.trim(), "the root's controllers are back as they were");
     assert_eq!(lat.untimed(), 0, "{}", lat.stderr);
     assert_eq!(bytes, mib_w << 20, "isclatency --cgroup lab-w: exactly lab-w's writes");
     for c in &cmds {
