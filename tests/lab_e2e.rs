@@ -157,9 +157,19 @@ fn isclatency_exact_count_on_one_disk() {
         if name == "chosen" {
             let dispatched_elsewhere = cmds.iter().filter(|c| c.u64("dispatch_pid") != fio_pid).count();
             println!("issuer: fio pid {fio_pid}; {dispatched_elsewhere} of its commands dispatched by another context");
+            // A hit of the issuer's program the kernel skipped (on 7.x, a
+            // task preempted in it on that CPU) leaves a command's issuer
+            // unknown, and is counted in the summary.
+            let skipped = out.summary_if("probe hits skipped").unwrap_or(0);
+            let mut unknown = 0;
             for c in &cmds {
+                if c["issuer"] == false {
+                    unknown += 1;
+                    continue;
+                }
                 assert!(c["issuer"] == true && c.u64("pid") == fio_pid && c.str("comm") == "fio", "issuer of {c}");
             }
+            assert!(unknown <= skipped, "{unknown} of fio's commands with no issuer, {skipped} hits skipped");
             for c in &rescan {
                 assert!(c["issuer"] == false, "the kernel's own command, no issuer: {c}");
             }
@@ -266,14 +276,21 @@ fn cgroups_filter_and_group_exactly_their_io() {
         stat.untimed(),
         by.untimed()
     );
-    assert_eq!(cmds.len() as u64, fa.ios(), "isclatency --cgroup: exactly the cgroup's I/Os");
+    // Every command is the cgroup's or one whose issuer hit the kernel
+    // skipped (counted: untimed), never another's.
+    let shown = cmds.len() as u64;
+    assert!(
+        shown <= fa.ios() && fa.ios() - shown <= lat.untimed(),
+        "isclatency --cgroup showed {shown} of the cgroup's {} I/Os ({} untimed)",
+        fa.ios(),
+        lat.untimed()
+    );
     for c in &cmds {
         assert!(
             c["issuer"] == true && c.u64("pid") == pid_a && c.str("cgroup") == "/lab-a/job",
             "a command of the cgroup's fio, from its cgroup: {c}"
         );
     }
-    assert_eq!(lat.untimed(), 0);
     assert!(
         counted <= fa.ios() && fa.ios() - counted <= stat.untimed(),
         "iscstat --cgroup counted {counted} of the cgroup's {} I/Os (and says {} were not counted)",
@@ -281,19 +298,23 @@ fn cgroups_filter_and_group_exactly_their_io() {
         stat.untimed()
     );
     // Two cgroups have rows of their own; the third job's I/Os are `other`.
-    assert_eq!(by.untimed(), 0, "{}", by.stderr);
+    // Each row counts its fio's I/Os, less those whose issuer hit the
+    // kernel skipped: those are `-` (no issuer known), and counted.
     let jobs = [("/lab-a/job", fa.ios()), ("/lab-b", fb.ios()), ("/", froot.ios())];
     let named: Vec<&(&str, u64)> = jobs.iter().filter(|(c, _)| rows.contains_key(*c)).collect();
     assert_eq!(named.len(), 2, "--cgroup-rows 2: two of the three cgroups have rows: {rows:?}");
-    for (c, n) in &named {
-        assert_eq!(rows[*c], *n, "iscstat --by-cgroup: {c} counts its fio's I/Os exactly: {rows:?}");
-    }
     let third = jobs.iter().find(|(c, _)| !rows.contains_key(*c)).unwrap();
-    assert_eq!(
-        rows.get("other").copied(),
-        Some(third.1),
-        "the third cgroup's I/Os ({}) are `other`: {rows:?}",
-        third.0
+    let mut short = 0;
+    for (row, (c, n)) in named.iter().map(|(c, n)| (*c, (*c, *n))).chain([("other", (third.0, third.1))]) {
+        let got = rows.get(row).copied().unwrap_or(0);
+        assert!(got <= n, "iscstat --by-cgroup: {row} ({c}) counts at most its fio's {n} I/Os: {rows:?}");
+        short += n - got;
+    }
+    let unknown = rows.get("-").copied().unwrap_or(0);
+    assert!(
+        unknown <= short && short <= by.untimed(),
+        "{short} of the jobs' I/Os not in their rows, {unknown} with no issuer known, {} untimed: {rows:?}",
+        by.untimed()
     );
     assert_eq!(rows.len() - usize::from(rows.contains_key("-")), 3, "no other cgroup issued I/O: {rows:?}");
     assert_eq!(series, rows, "the Prometheus series per cgroup label are the JSON rows' totals");
@@ -376,8 +397,14 @@ fn writeback_is_charged_to_the_cgroup_that_dirtied_it() {
     assert_eq!(written, [mib_w << 11, mib_root << 11], "the disks wrote what dd wrote, and nothing else");
     let now = std::fs::read_to_string(&control).unwrap_or_default();
     assert_eq!(now.trim(), had.trim(), "the root's controllers are back as they were");
-    assert_eq!(lat.untimed(), 0, "{}", lat.stderr);
-    assert_eq!(bytes, mib_w << 20, "isclatency --cgroup lab-w: exactly lab-w's writes");
+    // lab-w's writes (4 KiB commands: merges are off), less those whose
+    // issuer hit the kernel skipped (counted: untimed).
+    assert!(
+        bytes <= mib_w << 20 && (mib_w << 20) - bytes <= 4096 * lat.untimed(),
+        "isclatency --cgroup lab-w: {bytes} bytes of lab-w's {} ({} untimed)",
+        mib_w << 20,
+        lat.untimed()
+    );
     for c in &cmds {
         assert!(
             c.str("disk") == d.as_str()

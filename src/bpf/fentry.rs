@@ -167,7 +167,21 @@ pub fn load(insns: &[u8], name: &str, side: Side, target: &Target) -> std::resul
 
 /// Attach a loaded fentry/fexit program; detached when the link is dropped.
 pub fn attach(prog: &OwnedFd) -> std::io::Result<OwnedFd> {
+    raw_tracepoint_open(prog, None)
+}
+
+/// Attach a loaded raw tracepoint program to `tracepoint` (its event name);
+/// detached when the link is dropped.
+pub fn attach_raw_tracepoint(prog: &OwnedFd, tracepoint: &std::ffi::CStr) -> std::io::Result<OwnedFd> {
+    raw_tracepoint_open(prog, Some(tracepoint))
+}
+
+/// BPF_RAW_TRACEPOINT_OPEN: { u64 name; u32 prog_fd; }, name 0 for a
+/// tracing (fentry/fexit) program.
+fn raw_tracepoint_open(prog: &OwnedFd, name: Option<&std::ffi::CStr>) -> std::io::Result<OwnedFd> {
     let mut attr = [0u8; 16];
+    let name = name.map_or(0u64, |n| n.as_ptr() as u64);
+    attr[..8].copy_from_slice(&name.to_ne_bytes());
     put32(&mut attr, 8, prog.as_raw_fd() as u32);
     let fd = bpf(BPF_RAW_TRACEPOINT_OPEN, &mut attr)?;
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })

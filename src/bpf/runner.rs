@@ -85,10 +85,15 @@ pub struct Links {
 
 impl Links {
     /// Hits the kernel skipped because the same program was already running
-    /// on that CPU (fentry programs only: kprobes share one flag per CPU and
-    /// their skips are not reported here).
+    /// on that CPU (fentry and raw tracepoint programs only: kprobes share
+    /// one flag per CPU and their skips are not reported here).
     pub fn missed(&self) -> u64 {
         self.programs.iter().map(|(prog, _)| crate::bpf::fentry::misses(prog)).sum()
+    }
+
+    /// Keep an attached program and its link.
+    pub fn push(&mut self, prog: std::os::fd::OwnedFd, link: std::os::fd::OwnedFd) {
+        self.programs.push((prog, link));
     }
 }
 

@@ -59,8 +59,17 @@ fn getrq_bio_arg_by_release(release: &str) -> u64 {
     u64::from((major, minor) < (5, 11) && major > 0)
 }
 
-/// Attach the issuer's program where the tool's values ask for it.
-fn attach_issuer(kernel: &Kernel, bpf: &mut bcc::BPF, tool_values: &[(&'static str, Value)]) -> Result<()> {
+/// Attach the issuer's program where the tool's values ask for it. Its
+/// link is kept in `links`, so the hits the kernel skipped are counted:
+/// where tracepoints run preemptible (7.x), a task preempted inside the
+/// program makes the next task on that CPU skip it, and that task's
+/// command has no issuer known.
+fn attach_issuer(
+    kernel: &Kernel,
+    bpf: &mut bcc::BPF,
+    links: &mut Links,
+    tool_values: &[(&'static str, Value)],
+) -> Result<()> {
     if !tool_values.contains(&("ISSUER", Value::Bool(true))) {
         return Ok(());
     }
@@ -68,11 +77,15 @@ fn attach_issuer(kernel: &Kernel, bpf: &mut bcc::BPF, tool_values: &[(&'static s
     if !kernel.has_tracepoint(system, event) {
         return Err(Error::missing_probe("the process that issued a request (-I, --cgroup)", &[event]));
     }
-    bcc::RawTracepoint::new()
-        .handler("issuer_getrq")
-        .tracepoint(event)
-        .attach(bpf)
-        .map_err(|e| Error::bpf(format!("cannot attach raw tracepoint {system}:{event}: {e}")))
+    let fail = |e: String| Error::bpf(format!("cannot attach raw tracepoint {system}:{event}: {e}"));
+    let prog: std::os::fd::OwnedFd = bpf
+        .load("issuer_getrq", bcc_sys::bccapi::bpf_prog_type_BPF_PROG_TYPE_RAW_TRACEPOINT, 0, 0)
+        .map_err(|e| fail(e.to_string()))?
+        .into();
+    let name = std::ffi::CString::new(event).map_err(|e| fail(e.to_string()))?;
+    let link = crate::bpf::fentry::attach_raw_tracepoint(&prog, &name).map_err(|e| fail(e.to_string()))?;
+    links.push(prog, link);
+    Ok(())
 }
 
 /// What the running kernel lets us measure.
@@ -556,8 +569,8 @@ pub fn start_tracing(
         };
         (bpf, links) = s.try_load(&program(&plan, Targets::default())?, |bpf| filter.load_sets(bpf))?;
     }
-    let links = links?;
-    attach_issuer(kernel, &mut bpf, tool_values)?;
+    let mut links = links?;
+    attach_issuer(kernel, &mut bpf, &mut links, tool_values)?;
     Ok(Tracing { topo, plan, filter, bpf, links })
 }
 
