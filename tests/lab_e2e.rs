@@ -351,10 +351,8 @@ fn writeback_is_charged_to_the_cgroup_that_dirtied_it() {
         [d, other].iter().map(|x| std::fs::File::open(format!("/dev/{x}")).unwrap()).collect();
     let lat = start("isclatency", &["-u", "0", "--json", "--cgroup", "lab-w"]);
     let before = [DiskTime::read(d), DiskTime::read(other)];
-    let sectors = |dev: &str| {
-        sh(&format!("cat /sys/block/{dev}/stat")).split_whitespace().nth(6).unwrap().parse::<u64>().unwrap()
-    };
-    let (s0, o0) = (sectors(d), sectors(other));
+    let sectors = |dev: &str| DiskTime::read(dev).write_sectors;
+    let (s0, o0) = (before[0].write_sectors, before[1].write_sectors);
     let (mib_w, mib_root) = (4u64, 2u64);
     sh(&format!(
         "sh -c 'echo $$ > {}/cgroup.procs && exec dd if=/dev/zero of=/dev/{d} bs=1M count={mib_w} status=none'",

@@ -55,7 +55,7 @@ pub fn resolve(mount: &Path, arg: &str) -> Result<CgroupFilter> {
         return Err(bad(&format!("{} is not a cgroup v2 directory", dir.display())));
     }
     let level = u32::try_from(rel.components().count()).map_err(|_| bad("too deep"))?;
-    Ok(CgroupFilter { dir, id: std::os::unix::fs::MetadataExt::ino(&meta), level })
+    Ok(CgroupFilter { dir, id: meta.ino(), level })
 }
 
 /// cgroup ids to paths (relative to the mount, with a leading '/'), read
@@ -132,7 +132,7 @@ mod tests {
         let t = tree();
         let m = t.path();
         let full = m.join("system.slice/a.service");
-        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
         for arg in [full.to_str().unwrap(), "system.slice/a.service", "/system.slice/a.service"] {
             let want = CgroupFilter { dir: full.clone(), id: ino(&full), level: 2 };
             assert_eq!(resolve(m, arg).unwrap(), want, "{arg}");

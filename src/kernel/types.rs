@@ -178,10 +178,12 @@ pub fn bio_cgroup(btf: &mut Loaded) -> Result<BioCgroup> {
 }
 
 fn bio_cgroup_in(views: &[View]) -> Result<BioCgroup> {
-    let members = offsets(views, &BIO_CGROUP_MEMBERS.map(|(_, s, m)| (s, m)))?;
-    let (ancestors, ancestor_ids) = match offsets(views, &[("cgroup", "ancestors")]) {
+    // One index of the BTF's structs for the three lookups.
+    let index = Index::new(views);
+    let members = offsets_in(&index, &BIO_CGROUP_MEMBERS.map(|(_, s, m)| (s, m)))?;
+    let (ancestors, ancestor_ids) = match offsets_in(&index, &[("cgroup", "ancestors")]) {
         Ok([o]) => (o, false),
-        Err(_) => (offsets(views, &[("cgroup", "ancestor_ids")])?[0], true),
+        Err(_) => (offsets_in(&index, &[("cgroup", "ancestor_ids")])?[0], true),
     };
     Ok(BioCgroup { offsets: members, ancestors, ancestor_ids })
 }
@@ -189,7 +191,11 @@ fn bio_cgroup_in(views: &[View]) -> Result<BioCgroup> {
 /// The byte offsets of `(struct, member)` pairs in `views`; a member may
 /// be a path into embedded structs (`rx_opt.rcv_tsval`).
 fn offsets<const N: usize>(views: &[View], members: &[(&str, &str); N]) -> Result<[u32; N]> {
-    let index = Index::new(views);
+    offsets_in(&Index::new(views), members)
+}
+
+/// [`offsets`] with an index already built.
+fn offsets_in<const N: usize>(index: &Index, members: &[(&str, &str); N]) -> Result<[u32; N]> {
     let mut out = [0u32; N];
     for (o, (s, path)) in out.iter_mut().zip(members) {
         let &(view, mut id) = index

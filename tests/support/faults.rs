@@ -119,13 +119,14 @@ pub struct DiskTime {
     pub reads: u64,
     pub read_ms: u64,
     pub writes: u64,
+    pub write_sectors: u64,
     pub write_ms: u64,
 }
 impl DiskTime {
     pub fn read(dev: &str) -> DiskTime {
         let text = sh(&format!("cat /sys/block/{dev}/stat"));
         let f: Vec<u64> = text.split_whitespace().map(|w| w.parse().unwrap()).collect();
-        DiskTime { reads: f[0], read_ms: f[3], writes: f[4], write_ms: f[7] }
+        DiskTime { reads: f[0], read_ms: f[3], writes: f[4], write_sectors: f[6], write_ms: f[7] }
     }
     /// Mean time per I/O in ns since `before`: (reads, writes).
     pub fn mean_since(&self, before: &DiskTime) -> (f64, f64) {
